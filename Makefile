@@ -1,0 +1,26 @@
+# The README's two commands: `make demo` (main job on an embedded default) and `make test`.
+# Each does the set-up it needs; set-up is a no-op when already done.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export TF_USE_LEGACY_KERAS := 1
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: setup demo test ops lint clean
+
+setup:
+	@bash scripts/setup.sh
+
+ops:
+	@$(MAKE) -s -C ops PYTHON=$(abspath $(PY))
+
+demo: setup
+	@$(PY) -m gmeta_tf.demo
+
+test: setup
+	@$(PY) -m pytest -q tests
+
+lint:
+	@$(PY) -m ruff check gmeta_tf tests benchmarks
+
+clean:
+	@$(MAKE) -s -C ops clean
