@@ -1,0 +1,581 @@
+// TensorFlow bindings of the embedding hash table (hash_table.h): a resource holding
+// one table, and the kernels that read, train, evict, export and import it, plus the
+// fused dedup/partition op of Virtual Sparse Id.
+#include <string>
+
+#include "hash_table.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/lib/core/threadpool.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace gmeta {
+namespace {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::errors::InvalidArgument;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+class TableResource : public ::tensorflow::ResourceBase {
+ public:
+  explicit TableResource(const TableConfig& config) : table_(config) {}
+  HashTable& table() { return table_; }
+  std::string DebugString() const override { return table_.DebugString(); }
+  int64_t MemoryUsed() const override { return 0; }
+
+ private:
+  HashTable table_;
+};
+
+ParallelFor MakeParallelFor(OpKernelContext* ctx) {
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [workers](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
+    if (n <= 0) return;
+    workers->ParallelFor(n, cost, fn);
+  };
+}
+
+Status GetTable(OpKernelContext* ctx, ::tensorflow::core::RefCountPtr<TableResource>* out) {
+  return ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), out);
+}
+
+Status CheckIdsVector(const Tensor& ids, const char* name) {
+  if (ids.dims() != 1) {
+    return InvalidArgument(name, " must be a vector of int64 ids (rank 1), got shape ",
+                           ids.shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
+Status CheckScalar(const Tensor& t, const char* name) {
+  if (!::tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
+    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
+Status CheckDim(const HashTable& table, int64_t dim) {
+  if (table.config().dim != dim) {
+    return InvalidArgument("the table has dim ", table.config().dim,
+                           " but the op was built for dim ", dim);
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// Shape function helper: input `index` must be a vector; returns its length.
+Status VectorLength(InferenceContext* c, int index, DimensionHandle* n) {
+  ShapeHandle s;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(index), 1, &s));
+  *n = c->Dim(s, 0);
+  return ::tensorflow::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaHashTable")
+    .Output("table: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("dim: int >= 1")
+    .Attr("num_slots: int >= 0 = 0")
+    .Attr("slot_init: float = 0.0")
+    .Attr("seed: int = 0")
+    .Attr("initializer: {'zeros', 'uniform', 'normal'} = 'uniform'")
+    .Attr("init_scale: float = 0.05")
+    .Attr("admit_after: int >= 0 = 1")
+    .Attr("default_value: float = 0.0")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("An int64 -> float[dim] hash table with optimizer slots, counters and admission.");
+
+class HashTableOp : public ::tensorflow::ResourceOpKernel<TableResource> {
+ public:
+  explicit HashTableOp(OpKernelConstruction* c) : ResourceOpKernel(c) {
+    std::string init;
+    float slot_init, init_scale, default_value;
+    int64_t seed;
+    OP_REQUIRES_OK(c, c->GetAttr("dim", &config_.dim));
+    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &config_.num_slots));
+    OP_REQUIRES_OK(c, c->GetAttr("slot_init", &slot_init));
+    OP_REQUIRES_OK(c, c->GetAttr("seed", &seed));
+    OP_REQUIRES_OK(c, c->GetAttr("initializer", &init));
+    OP_REQUIRES_OK(c, c->GetAttr("init_scale", &init_scale));
+    OP_REQUIRES_OK(c, c->GetAttr("admit_after", &config_.admit_after));
+    OP_REQUIRES_OK(c, c->GetAttr("default_value", &default_value));
+    config_.slot_init = slot_init;
+    config_.seed = static_cast<uint64_t>(seed);
+    config_.init_scale = init_scale;
+    config_.default_value = default_value;
+    config_.initializer = init == "zeros"     ? Initializer::kZeros
+                          : init == "normal" ? Initializer::kNormal
+                                             : Initializer::kUniform;
+  }
+
+ private:
+  Status CreateResource(TableResource** resource) override {
+    *resource = new TableResource(config_);
+    return ::tensorflow::OkStatus();
+  }
+  Status VerifyResource(TableResource* resource) override {
+    const TableConfig& have = resource->table().config();
+    if (have.dim != config_.dim || have.num_slots != config_.num_slots) {
+      return InvalidArgument("a table named '", cinfo_.name(), "' already exists with dim ",
+                             have.dim, " and ", have.num_slots, " slots; asked for dim ",
+                             config_.dim, " and ", config_.num_slots, " slots");
+    }
+    return ::tensorflow::OkStatus();
+  }
+  TableConfig config_;
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaHashTable").Device(DEVICE_CPU), HashTableOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaTableLookupOrInsert")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("counts: int64")
+    .Input("step: int64")
+    .Output("values: float")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      DimensionHandle n;
+      TF_RETURN_IF_ERROR(VectorLength(c, 1, &n));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(n, dim));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Rows of ids, inserting missing ids with their deterministic initial row.");
+
+class LookupOrInsertOp : public OpKernel {
+ public:
+  explicit LookupOrInsertOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &res));
+    HashTable& table = res->table();
+    OP_REQUIRES_OK(ctx, CheckDim(table, dim_));
+    const Tensor& ids = ctx->input(1);
+    const Tensor& counts = ctx->input(2);
+    const Tensor& step = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    OP_REQUIRES_OK(ctx, CheckScalar(step, "step"));
+    const int64_t n = ids.dim_size(0);
+    OP_REQUIRES(ctx, counts.NumElements() == 0 || (counts.dims() == 1 && counts.dim_size(0) == n),
+                InvalidArgument("counts must be empty or have one entry per id (", n,
+                                "), got shape ", counts.shape().DebugString()));
+    Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &values));
+    table.LookupOrInsert(ids.flat<int64_t>().data(),
+                         counts.NumElements() ? counts.flat<int64_t>().data() : nullptr, n,
+                         step.scalar<int64_t>()(), values->flat<float>().data(),
+                         MakeParallelFor(ctx));
+  }
+
+ private:
+  int64_t dim_;
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableLookupOrInsert").Device(DEVICE_CPU), LookupOrInsertOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaTableLookup")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Output("values: float")
+    .Output("found: bool")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      DimensionHandle n;
+      TF_RETURN_IF_ERROR(VectorLength(c, 1, &n));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(n, dim));
+      c->set_output(1, c->Vector(n));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Read-only lookup: ids without a row read the default row; nothing is inserted.");
+
+class LookupOp : public OpKernel {
+ public:
+  explicit LookupOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &res));
+    const HashTable& table = res->table();
+    OP_REQUIRES_OK(ctx, CheckDim(table, dim_));
+    const Tensor& ids = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    const int64_t n = ids.dim_size(0);
+    Tensor* values = nullptr;
+    Tensor* found = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &found));
+    table.Lookup(ids.flat<int64_t>().data(), n, values->flat<float>().data(),
+                 found->flat<bool>().data(), MakeParallelFor(ctx));
+  }
+
+ private:
+  int64_t dim_;
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableLookup").Device(DEVICE_CPU), LookupOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaTableApplyGradients")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("grads: float")
+    .Input("learning_rate: float")
+    .Input("epsilon: float")
+    .Input("beta1: float")
+    .Input("beta2: float")
+    .Input("step: int64")
+    .Output("updated: int64")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      DimensionHandle n;
+      TF_RETURN_IF_ERROR(VectorLength(c, 1, &n));
+      ShapeHandle g;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &g));
+      DimensionHandle unused;
+      TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(g, 0), &unused));
+      c->set_output(0, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("One fused sparse optimizer step on the rows of ids (duplicates summed first).");
+
+class ApplyGradientsOp : public OpKernel {
+ public:
+  explicit ApplyGradientsOp(OpKernelConstruction* c) : OpKernel(c) {
+    std::string kind;
+    OP_REQUIRES_OK(c, c->GetAttr("optimizer", &kind));
+    kind_ = kind == "sgd" ? Optimizer::kSgd : kind == "adagrad" ? Optimizer::kAdagrad
+                                                                : Optimizer::kAdam;
+    required_slots_ = kind_ == Optimizer::kSgd ? 0 : kind_ == Optimizer::kAdagrad ? 1 : 2;
+  }
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &res));
+    HashTable& table = res->table();
+    const int64_t dim = table.config().dim;
+    OP_REQUIRES(ctx, table.config().num_slots >= required_slots_,
+                InvalidArgument("this optimizer needs ", required_slots_,
+                                " slots per row but the table was created with ",
+                                table.config().num_slots));
+    const Tensor& ids = ctx->input(1);
+    const Tensor& grads = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == ids.dim_size(0) &&
+                         grads.dim_size(1) == dim,
+                InvalidArgument("grads must have shape [", ids.dim_size(0), ", ", dim,
+                                "] (one row per id, table dim ", dim, "), got ",
+                                grads.shape().DebugString()));
+    for (int i = 3; i <= 7; ++i) OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(i), "hyper-parameter"));
+    OptimizerParams p;
+    p.kind = kind_;
+    p.learning_rate = ctx->input(3).scalar<float>()();
+    p.epsilon = ctx->input(4).scalar<float>()();
+    p.beta1 = ctx->input(5).scalar<float>()();
+    p.beta2 = ctx->input(6).scalar<float>()();
+    p.step = ctx->input(7).scalar<int64_t>()();
+    OP_REQUIRES(ctx, kind_ != Optimizer::kAdam || p.step >= 1,
+                InvalidArgument("Adam's step must be >= 1, got ", p.step));
+    Tensor* updated = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &updated));
+    updated->scalar<int64_t>()() =
+        table.ApplyGradients(ids.flat<int64_t>().data(), grads.flat<float>().data(),
+                             ids.dim_size(0), p, MakeParallelFor(ctx));
+  }
+
+ private:
+  Optimizer kind_;
+  int64_t required_slots_;
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableApplyGradients").Device(DEVICE_CPU), ApplyGradientsOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaTableSize")
+    .Input("table: resource")
+    .Output("size: int64")
+    .Output("admitted: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Number of ids known to the table, and of those with a row.");
+
+class SizeOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &res));
+    Tensor* size = nullptr;
+    Tensor* admitted = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &size));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &admitted));
+    size->scalar<int64_t>()() = res->table().Size();
+    admitted->scalar<int64_t>()() = res->table().AdmittedSize();
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableSize").Device(DEVICE_CPU), SizeOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaTableEvict")
+    .Input("table: resource")
+    .Input("step: int64")
+    .Input("max_age: int64")
+    .Input("max_size: int64")
+    .Output("evicted_ids: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Evicts ids not seen for max_age steps, then the least recently seen beyond max_size.");
+
+class EvictOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &res));
+    for (int i = 1; i <= 3; ++i) OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(i), "evict argument"));
+    const std::vector<int64_t> evicted = res->table().Evict(
+        ctx->input(1).scalar<int64_t>()(), ctx->input(2).scalar<int64_t>()(),
+        ctx->input(3).scalar<int64_t>()());
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({static_cast<int64_t>(evicted.size())}), &out));
+    std::copy(evicted.begin(), evicted.end(), out->flat<int64_t>().data());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableEvict").Device(DEVICE_CPU), EvictOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaTableExport")
+    .Input("table: resource")
+    .Output("ids: int64")
+    .Output("values: float")
+    .Output("slots: float")
+    .Output("freq: int64")
+    .Output("last_seen: int64")
+    .Output("admitted: bool")
+    .Attr("dim: int >= 1")
+    .Attr("num_slots: int >= 0")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim, num_slots;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+      const auto n = InferenceContext::kUnknownDim;
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, dim));
+      c->set_output(2, c->Matrix(n, dim * num_slots));
+      for (int i = 3; i <= 5; ++i) c->set_output(i, c->Vector(n));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Every entry, sorted by id: rows, slots, frequency, last-seen step, admitted.");
+
+class ExportOp : public OpKernel {
+ public:
+  explicit ExportOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &num_slots_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &res));
+    OP_REQUIRES_OK(ctx, CheckDim(res->table(), dim_));
+    OP_REQUIRES(ctx, res->table().config().num_slots == num_slots_,
+                InvalidArgument("the table has ", res->table().config().num_slots,
+                                " slots but the op was built for ", num_slots_));
+    ExportedTable t = res->table().Export();
+    const int64_t n = static_cast<int64_t>(t.ids.size());
+    Tensor* out[6];
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out[0]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, dim_}), &out[1]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n, dim_ * num_slots_}), &out[2]));
+    for (int i = 3; i <= 5; ++i) OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({n}), &out[i]));
+    std::copy(t.ids.begin(), t.ids.end(), out[0]->flat<int64_t>().data());
+    std::copy(t.values.begin(), t.values.end(), out[1]->flat<float>().data());
+    std::copy(t.slots.begin(), t.slots.end(), out[2]->flat<float>().data());
+    std::copy(t.freq.begin(), t.freq.end(), out[3]->flat<int64_t>().data());
+    std::copy(t.last_seen.begin(), t.last_seen.end(), out[4]->flat<int64_t>().data());
+    bool* adm = out[5]->flat<bool>().data();
+    for (int64_t i = 0; i < n; ++i) adm[i] = t.admitted[i] != 0;
+  }
+
+ private:
+  int64_t dim_, num_slots_;
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableExport").Device(DEVICE_CPU), ExportOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaTableImport")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("values: float")
+    .Input("slots: float")
+    .Input("freq: int64")
+    .Input("last_seen: int64")
+    .Input("admitted: bool")
+    .Input("shard_index: int64")
+    .Input("num_shards: int64")
+    .Output("imported: int64")
+    .Attr("clear_first: bool = true")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Loads exported entries (only those owned by shard_index of num_shards).");
+
+class ImportOp : public OpKernel {
+ public:
+  explicit ImportOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("clear_first", &clear_first_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &res));
+    HashTable& table = res->table();
+    const int64_t dim = table.config().dim;
+    const int64_t sdim = table.config().num_slots * dim;
+    const Tensor& ids = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    const int64_t n = ids.dim_size(0);
+    const Tensor& values = ctx->input(2);
+    const Tensor& slots = ctx->input(3);
+    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == dim,
+                InvalidArgument("imported values must have shape [", n, ", ", dim,
+                                "] to match the table's dim ", dim, ", got ",
+                                values.shape().DebugString()));
+    OP_REQUIRES(ctx, slots.dims() == 2 && slots.dim_size(0) == n && slots.dim_size(1) == sdim,
+                InvalidArgument("imported slots must have shape [", n, ", ", sdim,
+                                "] (", table.config().num_slots, " slots x dim ", dim,
+                                "), got ", slots.shape().DebugString()));
+    for (int i = 4; i <= 6; ++i) {
+      OP_REQUIRES(ctx, ctx->input(i).dims() == 1 && ctx->input(i).dim_size(0) == n,
+                  InvalidArgument("imported freq, last_seen and admitted must be vectors of ",
+                                  n, " entries, input ", i, " has shape ",
+                                  ctx->input(i).shape().DebugString()));
+    }
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(7), "shard_index"));
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(8), "num_shards"));
+    const int64_t shard = ctx->input(7).scalar<int64_t>()();
+    const int64_t shards = ctx->input(8).scalar<int64_t>()();
+    OP_REQUIRES(ctx, shards >= 1 && shard >= 0 && shard < shards,
+                InvalidArgument("shard_index must be in [0, num_shards) and num_shards >= 1, got ",
+                                shard, " of ", shards));
+    std::vector<uint8_t> admitted(n);
+    const bool* adm = ctx->input(6).flat<bool>().data();
+    for (int64_t i = 0; i < n; ++i) admitted[i] = adm[i] ? 1 : 0;
+    Tensor* imported = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &imported));
+    imported->scalar<int64_t>()() = table.Import(
+        ids.flat<int64_t>().data(), values.flat<float>().data(), slots.flat<float>().data(),
+        ctx->input(4).flat<int64_t>().data(), ctx->input(5).flat<int64_t>().data(),
+        admitted.data(), n, clear_first_, shard, shards);
+  }
+
+ private:
+  bool clear_first_;
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableImport").Device(DEVICE_CPU), ImportOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaDedup")
+    .Input("ids: int64")
+    .Input("num_partitions: int32")
+    .Output("unique_ids: int64")
+    .Output("inverse: int32")
+    .Output("counts: int64")
+    .Output("splits: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      DimensionHandle n;
+      TF_RETURN_IF_ERROR(VectorLength(c, 0, &n));
+      const auto u = InferenceContext::kUnknownDim;
+      c->set_output(0, c->Vector(u));
+      c->set_output(1, c->Vector(n));
+      c->set_output(2, c->Vector(u));
+      c->set_output(3, c->Vector(u));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Virtual Sparse Id: unique ids grouped by owner, inverse index, counts, splits.");
+
+class DedupOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(1), "num_partitions"));
+    const int64_t parts = ctx->input(1).scalar<int32_t>()();
+    OP_REQUIRES(ctx, parts >= 1,
+                InvalidArgument("num_partitions must be >= 1, got ", parts));
+    OP_REQUIRES(ctx, ids.dim_size(0) < (int64_t{1} << 31),
+                InvalidArgument("at most 2^31 - 1 ids per call, got ", ids.dim_size(0)));
+    DedupResult r;
+    Dedup(ids.flat<int64_t>().data(), ids.dim_size(0), parts, &r);
+    const int64_t u = static_cast<int64_t>(r.unique_ids.size());
+    Tensor *unique, *inverse, *counts, *splits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({ids.dim_size(0)}), &inverse));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u}), &counts));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({parts}), &splits));
+    std::copy(r.unique_ids.begin(), r.unique_ids.end(), unique->flat<int64_t>().data());
+    std::copy(r.inverse.begin(), r.inverse.end(), inverse->flat<int32_t>().data());
+    std::copy(r.counts.begin(), r.counts.end(), counts->flat<int64_t>().data());
+    int32_t* s = splits->flat<int32_t>().data();
+    for (int64_t p = 0; p < parts; ++p) s[p] = static_cast<int32_t>(r.splits[p]);
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaDedup").Device(DEVICE_CPU), DedupOp);
+
+// ---------------------------------------------------------------------------------------
+REGISTER_OP("GmetaPartitionOf")
+    .Input("ids: int64")
+    .Input("num_partitions: int32")
+    .Output("owner: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Owner rank of each id, the same function the dedup op partitions by.");
+
+class PartitionOfOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(1), "num_partitions"));
+    const int64_t parts = ctx->input(1).scalar<int32_t>()();
+    OP_REQUIRES(ctx, parts >= 1, InvalidArgument("num_partitions must be >= 1, got ", parts));
+    Tensor* owner = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids.shape(), &owner));
+    const int64_t* in = ids.flat<int64_t>().data();
+    int32_t* out = owner->flat<int32_t>().data();
+    for (int64_t i = 0; i < ids.NumElements(); ++i) {
+      out[i] = static_cast<int32_t>(OwnerOf(in[i], parts));
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaPartitionOf").Device(DEVICE_CPU), PartitionOfOp);
+
+}  // namespace
+}  // namespace gmeta
