@@ -1,6 +1,7 @@
 #include "hash_table.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -31,6 +32,10 @@ void AtomicStore(T* p, T v) {
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 
+// Memory latency, not arithmetic, bounds hash-table work on large tables: loops prefetch
+// the home slot of the id this many positions ahead.
+constexpr int64_t kPrefetchDistance = 8;
+
 }  // namespace
 
 void InitialRow(const TableConfig& config, int64_t id, float* out) {
@@ -55,7 +60,7 @@ void InitialRow(const TableConfig& config, int64_t id, float* out) {
 }
 
 HashTable::HashTable(const TableConfig& config) : config_(config) {
-  slots_.assign(kInitialCapacity, Slot{0, kEmpty});
+  slots_.assign(kInitialCapacity, Slot{0, kEmpty, 0, 0});
 }
 
 int64_t HashTable::Size() const {
@@ -73,70 +78,58 @@ int64_t HashTable::IndexCapacity() const {
   return static_cast<int64_t>(slots_.size());
 }
 
-int64_t HashTable::FindEntry(int64_t key) const {
+int64_t HashTable::FindSlot(int64_t key) const {
   const uint64_t mask = slots_.size() - 1;
   for (uint64_t i = Home(key);; i = (i + 1) & mask) {
     const Slot& s = slots_[i];
-    if (s.entry == kEmpty) return kEmpty;
-    if (s.key == key) return s.entry;
+    if (s.row == kEmpty) return kNotFound;
+    if (s.key == key) return static_cast<int64_t>(i);
   }
 }
 
 void HashTable::Rehash(int64_t new_capacity) {
   std::vector<Slot> old;
   old.swap(slots_);
-  slots_.assign(new_capacity, Slot{0, kEmpty});
+  slots_.assign(new_capacity, Slot{0, kEmpty, 0, 0});
   const uint64_t mask = slots_.size() - 1;
   for (const Slot& s : old) {
-    if (s.entry == kEmpty) continue;
+    if (s.row == kEmpty) continue;
     uint64_t i = Home(s.key);
-    while (slots_[i].entry != kEmpty) i = (i + 1) & mask;
+    while (slots_[i].row != kEmpty) i = (i + 1) & mask;
     slots_[i] = s;
   }
 }
 
-void HashTable::MaybeGrow() {
-  if (static_cast<double>(num_entries_ + 1) > kMaxLoad * static_cast<double>(slots_.size())) {
-    Rehash(static_cast<int64_t>(slots_.size()) * 2);
+void HashTable::Reserve(int64_t entries) {
+  int64_t capacity = static_cast<int64_t>(slots_.size());
+  while (static_cast<double>(entries + 1) > kMaxLoad * static_cast<double>(capacity)) {
+    capacity *= 2;
   }
+  if (capacity != static_cast<int64_t>(slots_.size())) Rehash(capacity);
 }
 
-int64_t HashTable::InsertEntry(int64_t key) {
-  MaybeGrow();
-  int64_t entry;
-  if (!free_entries_.empty()) {
-    entry = free_entries_.back();
-    free_entries_.pop_back();
-  } else {
-    entry = static_cast<int64_t>(entry_key_.size());
-    entry_key_.push_back(0);
-    entry_freq_.push_back(0);
-    entry_last_.push_back(0);
-    entry_row_.push_back(-1);
-  }
-  entry_key_[entry] = key;
-  entry_freq_[entry] = 0;
-  entry_last_[entry] = 0;
-  entry_row_[entry] = -1;
+int64_t HashTable::FindOrInsertSlot(int64_t key) {
+  Reserve(num_entries_ + 1);
   const uint64_t mask = slots_.size() - 1;
   uint64_t i = Home(key);
-  while (slots_[i].entry != kEmpty) i = (i + 1) & mask;
-  slots_[i] = Slot{key, entry};
+  for (; slots_[i].row != kEmpty; i = (i + 1) & mask) {
+    if (slots_[i].key == key) return static_cast<int64_t>(i);
+  }
+  slots_[i] = Slot{key, kNoRow, 0, 0};
   ++num_entries_;
-  return entry;
+  return static_cast<int64_t>(i);
 }
 
-void HashTable::EraseEntry(int64_t entry) {
-  const int64_t key = entry_key_[entry];
-  const uint64_t mask = slots_.size() - 1;
-  uint64_t i = Home(key);
-  while (slots_[i].entry != entry) i = (i + 1) & mask;
+void HashTable::EraseSlot(int64_t slot) {
+  FreeRow(slots_[slot].row);
   // Backward-shift deletion: pull later members of the probe run into the hole so
   // lookups never need tombstones.
+  const uint64_t mask = slots_.size() - 1;
+  uint64_t i = static_cast<uint64_t>(slot);
   uint64_t j = i;
   while (true) {
     j = (j + 1) & mask;
-    if (slots_[j].entry == kEmpty) break;
+    if (slots_[j].row == kEmpty) break;
     const uint64_t k = Home(slots_[j].key);
     const bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
     if (!stays) {
@@ -144,17 +137,11 @@ void HashTable::EraseEntry(int64_t entry) {
       i = j;
     }
   }
-  slots_[i].entry = kEmpty;
+  slots_[i].row = kEmpty;
   --num_entries_;
-  if (entry_row_[entry] >= 0) {
-    free_rows_.push_back(entry_row_[entry]);
-    --num_rows_in_use_;
-  }
-  entry_row_[entry] = -1;
-  free_entries_.push_back(entry);
 }
 
-int64_t HashTable::AllocateRow(int64_t key) {
+int64_t HashTable::NewRow() {
   int64_t row;
   if (!free_rows_.empty()) {
     row = free_rows_.back();
@@ -163,13 +150,23 @@ int64_t HashTable::AllocateRow(int64_t key) {
     row = rows_allocated_++;
     if (row / kBlockRows >= static_cast<int64_t>(blocks_.size())) {
       blocks_.emplace_back(new float[kBlockRows * stride()]);
+      apply_mark_.resize(blocks_.size() * kBlockRows, 0);
     }
   }
   ++num_rows_in_use_;
+  return row;
+}
+
+void HashTable::FreeRow(int64_t row) {
+  if (row < 0) return;
+  free_rows_.push_back(row);
+  --num_rows_in_use_;
+}
+
+void HashTable::InitRow(int64_t row, int64_t key) {
   float* p = RowPtr(row);
   InitialRow(config_, key, p);
   std::fill(p + config_.dim, p + stride(), config_.slot_init);
-  return row;
 }
 
 void HashTable::LookupOrInsert(const int64_t* ids, const int64_t* counts, int64_t n,
@@ -177,56 +174,79 @@ void HashTable::LookupOrInsert(const int64_t* ids, const int64_t* counts, int64_
   const int64_t dim = config_.dim;
   // 0: done; 1: id absent; 2: present without a row (may cross the admission bar).
   std::vector<uint8_t> pending(n, 0);
-  bool any_pending = false;
+  std::atomic<int64_t> num_pending{0};
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
-    std::mutex flag_mu;
     pfor(n, 50 + 2 * dim, [&](int64_t begin, int64_t end) {
-      bool local = false;
+      int64_t local = 0;
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t e = FindEntry(ids[i]);
-        if (e == kEmpty) {
+        if (i + kPrefetchDistance < end) PrefetchHome(ids[i + kPrefetchDistance]);
+        const int64_t s = FindSlot(ids[i]);
+        if (s == kNotFound) {
           pending[i] = 1;
-          local = true;
+          ++local;
           continue;
         }
-        AtomicAdd(&entry_freq_[e], counts ? counts[i] : int64_t{1});
-        AtomicStore(&entry_last_[e], step);
-        const int64_t row = entry_row_[e];
-        if (row >= 0) {
-          std::memcpy(values + i * dim, RowPtr(row), dim * sizeof(float));
+        Slot& slot = const_cast<Slot&>(slots_[s]);
+        AtomicAdd(&slot.freq, counts ? counts[i] : int64_t{1});
+        AtomicStore(&slot.last_seen, step);
+        if (slot.row >= 0) {
+          std::memcpy(values + i * dim, RowPtr(slot.row), dim * sizeof(float));
         } else {
           pending[i] = 2;
-          local = true;
+          ++local;
         }
       }
-      if (local) {
-        std::lock_guard<std::mutex> g(flag_mu);
-        any_pending = true;
-      }
+      if (local) num_pending += local;
     });
   }
-  if (!any_pending) return;
+  if (num_pending.load() == 0) return;
 
   std::unique_lock<std::shared_mutex> lock(mu_);
+  int64_t absent = 0;
+  for (int64_t i = 0; i < n; ++i) absent += pending[i] == 1;
+  Reserve(num_entries_ + absent);
+  // Serial: only the structure (index and row allocation). Row initialization and the
+  // copies, the costly part, run in parallel afterwards.
+  std::vector<int64_t> pending_pos, pending_row;
+  std::vector<int64_t> fresh_row, fresh_key;
+  pending_pos.reserve(num_pending.load());
+  pending_row.reserve(num_pending.load());
+  std::vector<int64_t> todo;
+  todo.reserve(num_pending.load());
   for (int64_t i = 0; i < n; ++i) {
-    if (pending[i] == 0) continue;
-    int64_t e = FindEntry(ids[i]);
-    if (pending[i] == 1) {
-      if (e == kEmpty) e = InsertEntry(ids[i]);
-      entry_freq_[e] += counts ? counts[i] : 1;
-      entry_last_[e] = step;
-    }
-    if (entry_row_[e] < 0 && entry_freq_[e] >= config_.admit_after) {
-      entry_row_[e] = AllocateRow(ids[i]);
-    }
-    float* out = values + i * dim;
-    if (entry_row_[e] >= 0) {
-      std::memcpy(out, RowPtr(entry_row_[e]), dim * sizeof(float));
-    } else {
-      std::fill(out, out + dim, config_.default_value);
-    }
+    if (pending[i]) todo.push_back(i);
   }
+  for (size_t k = 0; k < todo.size(); ++k) {
+    if (k + kPrefetchDistance < todo.size()) PrefetchHome(ids[todo[k + kPrefetchDistance]]);
+    const int64_t i = todo[k];
+    const int64_t s = FindOrInsertSlot(ids[i]);
+    if (pending[i] == 1) {
+      slots_[s].freq += counts ? counts[i] : 1;
+      slots_[s].last_seen = step;
+    }
+    Slot& slot = slots_[s];
+    if (slot.row < 0 && slot.freq >= config_.admit_after) {
+      slot.row = NewRow();
+      fresh_row.push_back(slot.row);
+      fresh_key.push_back(ids[i]);
+    }
+    pending_pos.push_back(i);
+    pending_row.push_back(slot.row);
+  }
+  pfor(static_cast<int64_t>(fresh_row.size()), 20 * stride(), [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) InitRow(fresh_row[k], fresh_key[k]);
+  });
+  pfor(static_cast<int64_t>(pending_pos.size()), 2 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      float* out = values + pending_pos[k] * dim;
+      if (pending_row[k] >= 0) {
+        std::memcpy(out, RowPtr(pending_row[k]), dim * sizeof(float));
+      } else {
+        std::fill(out, out + dim, config_.default_value);
+      }
+    }
+  });
 }
 
 void HashTable::Lookup(const int64_t* ids, int64_t n, float* values, bool* found,
@@ -235,8 +255,9 @@ void HashTable::Lookup(const int64_t* ids, int64_t n, float* values, bool* found
   std::shared_lock<std::shared_mutex> lock(mu_);
   pfor(n, 50 + 2 * dim, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t e = FindEntry(ids[i]);
-      const int64_t row = e == kEmpty ? -1 : entry_row_[e];
+      if (i + kPrefetchDistance < end) PrefetchHome(ids[i + kPrefetchDistance]);
+      const int64_t s = FindSlot(ids[i]);
+      const int64_t row = s == kNotFound ? kNoRow : slots_[s].row;
       float* out = values + i * dim;
       if (row >= 0) {
         std::memcpy(out, RowPtr(row), dim * sizeof(float));
@@ -253,39 +274,53 @@ int64_t HashTable::ApplyGradients(const int64_t* ids, const float* grads, int64_
   const int64_t dim = config_.dim;
   std::unique_lock<std::shared_mutex> lock(mu_);
 
-  // Fold duplicated ids: one target row per distinct id, gradients summed.
+  // Find every id's row in parallel (the index is read-only here).
+  std::vector<int64_t> row_of(n);
+  pfor(n, 50, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetchDistance < end) PrefetchHome(ids[i + kPrefetchDistance]);
+      const int64_t s = FindSlot(ids[i]);
+      row_of[i] = s == kNotFound ? kNoRow : slots_[s].row;
+    }
+  });
+  // Fold duplicated ids: one target per distinct row, gradients summed. A per-row mark
+  // stamped with this call's epoch finds duplicates in O(n) with no per-call allocation.
+  if (++apply_epoch_ == (uint64_t{1} << 32)) {
+    std::fill(apply_mark_.begin(), apply_mark_.end(), 0);
+    apply_epoch_ = 1;
+  }
   std::vector<int64_t> target_row;
   std::vector<const float*> target_grad;
   target_row.reserve(n);
   target_grad.reserve(n);
-  std::vector<float> folded;                 // summed gradients of duplicated ids
-  std::vector<int64_t> folded_of_target;     // target -> offset in folded, or -1
-  {
-    // Rows are dense small integers: a per-row stamp array detects duplicates in O(n).
-    std::vector<int64_t> stamp(rows_allocated_, -1);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t e = FindEntry(ids[i]);
-      if (e == kEmpty) continue;
-      const int64_t row = entry_row_[e];
-      if (row < 0) continue;
-      const int64_t t = stamp[row];
-      if (t < 0) {
-        stamp[row] = static_cast<int64_t>(target_row.size());
-        target_row.push_back(row);
-        target_grad.push_back(grads + i * dim);
-        continue;
-      }
-      if (folded_of_target.empty()) folded_of_target.assign(n, -1);
-      if (folded_of_target[t] < 0) {
-        folded_of_target[t] = static_cast<int64_t>(folded.size());
-        folded.insert(folded.end(), target_grad[t], target_grad[t] + dim);
-      }
-      float* acc = folded.data() + folded_of_target[t];
+  std::vector<std::pair<int64_t, int64_t>> duplicates;  // (target, position)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = row_of[i];
+    if (row < 0) continue;
+    const uint64_t mark = apply_mark_[row];
+    if ((mark >> 32) == apply_epoch_) {
+      duplicates.emplace_back(static_cast<int64_t>(mark & 0xFFFFFFFFULL), i);
+      continue;
+    }
+    apply_mark_[row] = (apply_epoch_ << 32) | static_cast<uint64_t>(target_row.size());
+    target_row.push_back(row);
+    target_grad.push_back(grads + i * dim);
+  }
+  std::vector<float> folded;  // summed gradients of duplicated ids
+  if (!duplicates.empty()) {
+    std::vector<int64_t> folded_at(target_row.size(), -1);
+    for (const auto& [t, i] : duplicates) {
+      if (folded_at[t] >= 0) continue;
+      folded_at[t] = static_cast<int64_t>(folded.size());
+      folded.insert(folded.end(), target_grad[t], target_grad[t] + dim);
+    }
+    for (const auto& [t, i] : duplicates) {
+      float* acc = folded.data() + folded_at[t];
       const float* g = grads + i * dim;
       for (int64_t j = 0; j < dim; ++j) acc[j] += g[j];
     }
-    for (size_t t = 0; t < folded_of_target.size() && t < target_row.size(); ++t) {
-      if (folded_of_target[t] >= 0) target_grad[t] = folded.data() + folded_of_target[t];
+    for (size_t t = 0; t < target_row.size(); ++t) {
+      if (folded_at[t] >= 0) target_grad[t] = folded.data() + folded_at[t];
     }
   }
 
@@ -341,46 +376,39 @@ int64_t HashTable::ApplyGradients(const int64_t* ids, const float* grads, int64_
 
 std::vector<int64_t> HashTable::Evict(int64_t step, int64_t max_age, int64_t max_size) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  std::vector<int64_t> live;  // entries
+  std::vector<int64_t> live, doomed;  // keys
   live.reserve(num_entries_);
+  const int64_t oldest_kept = step - max_age;
   for (const Slot& s : slots_) {
-    if (s.entry != kEmpty) live.push_back(s.entry);
-  }
-  std::vector<int64_t> doomed;
-  if (max_age >= 0) {
-    const int64_t oldest_kept = step - max_age;
-    auto keep_end = std::partition(live.begin(), live.end(), [&](int64_t e) {
-      return entry_last_[e] >= oldest_kept;
-    });
-    doomed.assign(keep_end, live.end());
-    live.erase(keep_end, live.end());
+    if (s.row == kEmpty) continue;
+    if (max_age >= 0 && s.last_seen < oldest_kept) {
+      doomed.push_back(s.key);
+    } else {
+      live.push_back(s.key);
+    }
   }
   if (max_size >= 0 && static_cast<int64_t>(live.size()) > max_size) {
-    // Least recently seen first; ties broken by id so every rank agrees.
-    const auto older = [&](int64_t a, int64_t b) {
-      if (entry_last_[a] != entry_last_[b]) return entry_last_[a] < entry_last_[b];
-      return entry_key_[a] < entry_key_[b];
-    };
+    // Least recently seen first; ties broken by id so every rank and run agrees.
+    std::vector<std::pair<int64_t, int64_t>> by_age;  // (last_seen, key)
+    by_age.reserve(live.size());
+    for (int64_t key : live) by_age.emplace_back(slots_[FindSlot(key)].last_seen, key);
     const int64_t excess = static_cast<int64_t>(live.size()) - max_size;
-    std::nth_element(live.begin(), live.begin() + excess, live.end(), older);
-    doomed.insert(doomed.end(), live.begin(), live.begin() + excess);
+    std::nth_element(by_age.begin(), by_age.begin() + excess, by_age.end());
+    for (int64_t k = 0; k < excess; ++k) doomed.push_back(by_age[k].second);
   }
-  std::vector<int64_t> evicted;
-  evicted.reserve(doomed.size());
-  for (int64_t e : doomed) evicted.push_back(entry_key_[e]);
-  for (int64_t e : doomed) EraseEntry(e);
-  std::sort(evicted.begin(), evicted.end());
-  return evicted;
+  for (int64_t key : doomed) EraseSlot(FindSlot(key));
+  std::sort(doomed.begin(), doomed.end());
+  return doomed;
 }
 
 ExportedTable HashTable::Export() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   const int64_t dim = config_.dim;
   const int64_t sdim = config_.num_slots * dim;
-  std::vector<std::pair<int64_t, int64_t>> order;  // (key, entry)
+  std::vector<std::pair<int64_t, int64_t>> order;  // (key, slot)
   order.reserve(num_entries_);
-  for (const Slot& s : slots_) {
-    if (s.entry != kEmpty) order.emplace_back(s.key, s.entry);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].row != kEmpty) order.emplace_back(slots_[i].key, static_cast<int64_t>(i));
   }
   std::sort(order.begin(), order.end());
   ExportedTable out;
@@ -392,14 +420,13 @@ ExportedTable HashTable::Export() const {
   out.last_seen.resize(n);
   out.admitted.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const int64_t e = order[i].second;
-    out.ids[i] = order[i].first;
-    out.freq[i] = entry_freq_[e];
-    out.last_seen[i] = entry_last_[e];
-    const int64_t row = entry_row_[e];
-    out.admitted[i] = row >= 0;
-    if (row >= 0) {
-      const float* p = RowPtr(row);
+    const Slot& s = slots_[order[i].second];
+    out.ids[i] = s.key;
+    out.freq[i] = s.freq;
+    out.last_seen[i] = s.last_seen;
+    out.admitted[i] = s.row >= 0;
+    if (s.row >= 0) {
+      const float* p = RowPtr(s.row);
       std::copy(p, p + dim, out.values.begin() + i * dim);
       std::copy(p + dim, p + dim + sdim, out.slots.begin() + i * sdim);
     } else {
@@ -413,14 +440,10 @@ ExportedTable HashTable::Export() const {
 }
 
 void HashTable::ClearLocked() {
-  slots_.assign(kInitialCapacity, Slot{0, kEmpty});
+  slots_.assign(kInitialCapacity, Slot{0, kEmpty, 0, 0});
   num_entries_ = 0;
-  entry_key_.clear();
-  entry_freq_.clear();
-  entry_last_.clear();
-  entry_row_.clear();
-  free_entries_.clear();
   blocks_.clear();
+  apply_mark_.clear();
   rows_allocated_ = 0;
   free_rows_.clear();
   num_rows_in_use_ = 0;
@@ -437,19 +460,17 @@ int64_t HashTable::Import(const int64_t* ids, const float* values, const float* 
   int64_t imported = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (num_shards > 1 && OwnerOf(ids[i], num_shards) != shard_index) continue;
-    int64_t e = FindEntry(ids[i]);
-    if (e == kEmpty) e = InsertEntry(ids[i]);
-    entry_freq_[e] = freq[i];
-    entry_last_[e] = last_seen[i];
+    Slot& slot = slots_[FindOrInsertSlot(ids[i])];
+    slot.freq = freq[i];
+    slot.last_seen = last_seen[i];
     if (admitted[i]) {
-      if (entry_row_[e] < 0) entry_row_[e] = AllocateRow(ids[i]);
-      float* p = RowPtr(entry_row_[e]);
+      if (slot.row < 0) slot.row = NewRow();
+      float* p = RowPtr(slot.row);
       std::copy(values + i * dim, values + (i + 1) * dim, p);
       std::copy(slots + i * sdim, slots + (i + 1) * sdim, p + dim);
-    } else if (entry_row_[e] >= 0) {
-      free_rows_.push_back(entry_row_[e]);
-      --num_rows_in_use_;
-      entry_row_[e] = -1;
+    } else {
+      FreeRow(slot.row);
+      slot.row = kNoRow;
     }
     ++imported;
   }
@@ -466,34 +487,45 @@ std::string HashTable::DebugString() const {
 }
 
 void Dedup(const int64_t* ids, int64_t n, int64_t num_partitions, DedupResult* out) {
+  // A thread-local map reused across calls: a slot is live when its epoch is this
+  // call's, so nothing needs clearing between batches.
+  struct DedupSlot {
+    int64_t key;
+    uint32_t epoch;
+    int32_t index;
+  };
+  thread_local std::vector<DedupSlot> map;
+  thread_local uint32_t epoch = 0;
   const int64_t capacity = NextPow2(std::max<int64_t>(16, 2 * n));
-  const uint64_t mask = static_cast<uint64_t>(capacity) - 1;
-  // Reused across calls on the same thread: a batch's map costs no page faults.
-  thread_local std::vector<int64_t> keys;
-  thread_local std::vector<int32_t> slot_of;
-  keys.resize(capacity);
-  slot_of.assign(capacity, -1);
+  if (static_cast<int64_t>(map.size()) < capacity || ++epoch == 0) {
+    map.assign(std::max<int64_t>(capacity, static_cast<int64_t>(map.size())),
+               DedupSlot{0, 0, 0});
+    epoch = 1;
+  }
+  const uint64_t mask = map.size() - 1;
 
   out->unique_ids.clear();
   out->counts.clear();
   out->inverse.resize(n);
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) {
+      __builtin_prefetch(&map[Mix64(static_cast<uint64_t>(ids[i + kPrefetchDistance])) & mask]);
+    }
     const int64_t id = ids[i];
     uint64_t h = Mix64(static_cast<uint64_t>(id)) & mask;
     while (true) {
-      const int32_t u = slot_of[h];
-      if (u < 0) {
+      DedupSlot& slot = map[h];
+      if (slot.epoch != epoch) {
         const int32_t nu = static_cast<int32_t>(out->unique_ids.size());
-        slot_of[h] = nu;
-        keys[h] = id;
+        slot = DedupSlot{id, epoch, nu};
         out->unique_ids.push_back(id);
         out->counts.push_back(1);
         out->inverse[i] = nu;
         break;
       }
-      if (keys[h] == id) {
-        ++out->counts[u];
-        out->inverse[i] = u;
+      if (slot.key == id) {
+        ++out->counts[slot.index];
+        out->inverse[i] = slot.index;
         break;
       }
       h = (h + 1) & mask;

@@ -6,9 +6,9 @@
 //
 // Layout:
 //  - an open-addressing index (linear probing, backward-shift deletion, power-of-two
-//    capacity) of {key, entry} pairs; every int64 is a valid key, emptiness is marked
-//    by entry == kEmpty, never by a sentinel key;
-//  - entries (key, freq, last_seen, row) in flat arrays with a free list;
+//    capacity) of 32-byte entries {key, row, freq, last_seen}: all an id's bookkeeping
+//    sits in the one cache line its probe lands on. Every int64 is a valid key;
+//    emptiness is marked by row == kEmpty, never by a sentinel key;
 //  - rows in a chunked arena (fixed-size blocks, so growth never moves a row and never
 //    copies the whole table) with a free list. A row holds dim values then
 //    num_slots * dim optimizer slot values. An entry not yet admitted has no row.
@@ -128,12 +128,17 @@ class HashTable {
   std::string DebugString() const;
 
  private:
-  static constexpr int64_t kEmpty = -1;
   static constexpr int64_t kBlockRows = 1 << 14;
+
+  static constexpr int64_t kEmpty = -2;     // Slot::row of a free slot
+  static constexpr int64_t kNoRow = -1;     // Slot::row of an id not admitted yet
+  static constexpr int64_t kNotFound = -1;  // FindSlot's answer for an absent key
 
   struct Slot {
     int64_t key;
-    int64_t entry;
+    int64_t row;
+    int64_t freq;
+    int64_t last_seen;
   };
 
   int64_t stride() const { return config_.dim * (1 + config_.num_slots); }
@@ -144,27 +149,31 @@ class HashTable {
     return Mix64(static_cast<uint64_t>(key)) & (slots_.size() - 1);
   }
 
-  int64_t FindEntry(int64_t key) const;          // kEmpty when absent
-  int64_t InsertEntry(int64_t key);              // requires exclusive lock, key absent
-  void EraseEntry(int64_t entry);                // requires exclusive lock
-  void MaybeGrow();
+  int64_t FindSlot(int64_t key) const;           // kNotFound when absent
+  int64_t FindOrInsertSlot(int64_t key);         // requires exclusive lock
+  void PrefetchHome(int64_t key) const { __builtin_prefetch(&slots_[Home(key)]); }
+  void EraseSlot(int64_t slot);                  // requires exclusive lock
+  void Reserve(int64_t entries);                 // index capacity for this many entries
   void Rehash(int64_t new_capacity);
-  int64_t AllocateRow(int64_t key);              // initial values and slots
+  int64_t NewRow();                              // a row index, contents undefined
+  void FreeRow(int64_t row);
+  void InitRow(int64_t row, int64_t key);        // initial values and slots
   void ClearLocked();
 
   const TableConfig config_;
   mutable std::shared_mutex mu_;
 
-  std::vector<Slot> slots_;  // the index
+  std::vector<Slot> slots_;  // the index, holding every id's bookkeeping
   int64_t num_entries_ = 0;
-
-  std::vector<int64_t> entry_key_, entry_freq_, entry_last_, entry_row_;
-  std::vector<int64_t> free_entries_;
 
   std::vector<std::unique_ptr<float[]>> blocks_;
   int64_t rows_allocated_ = 0;  // high-water mark of the arena
   std::vector<int64_t> free_rows_;
   int64_t num_rows_in_use_ = 0;
+
+  // ApplyGradients' duplicate detection: per row, (epoch << 32) | target index.
+  std::vector<uint64_t> apply_mark_;
+  uint64_t apply_epoch_ = 0;
 };
 
 // Virtual Sparse Id: raw ids -> unique ids (in first-seen order, grouped by owner when
