@@ -1,0 +1,157 @@
+"""The streaming conversion every converter shares: raw record batches -> dataset.
+
+A converter only parses its raw format into record batches with the storage columns of its
+schema (``task_id``, feature columns, labels, optionally ``__order``). This module checks the
+labels, spills the rows into task buckets on disk, splits each bucket (warm/cold,
+support/query) and writes the files and manifest atomically.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import os
+import shutil
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from gmeta_tf.data.errors import DataError
+from gmeta_tf.data.manifest import Manifest
+from gmeta_tf.data.partition import TaskPartitioner
+from gmeta_tf.data.schema import TASK_COLUMN, Schema
+from gmeta_tf.data.split import SplitConfig, split_record, split_tasks
+from gmeta_tf.data.writer import DatasetWriter
+
+log = logging.getLogger(__name__)
+BAD_ROW_POLICIES = ("error", "skip")
+
+
+@dataclasses.dataclass
+class OutputConfig:
+    """How a converter writes its output (the same for every converter).
+
+    Args:
+        file_format: "parquet" or "orc".
+        rows_per_file: Target rows per data file (files end on a block boundary).
+        rows_per_block: Target rows per block (a Parquet row group of whole tasks).
+        bucket_bytes: Raw input bytes per on-disk task bucket; bounds converter memory.
+        overwrite: Replace an existing output directory.
+        bad_rows: "error" stops at the first NaN/out-of-range label; "skip" drops such
+            rows and logs how many.
+    """
+
+    file_format: str = "parquet"
+    rows_per_file: int = 1 << 20
+    rows_per_block: int = 1 << 16
+    bucket_bytes: int = 256 << 20
+    overwrite: bool = False
+    bad_rows: str = "error"
+
+    def __post_init__(self) -> None:
+        if self.bad_rows not in BAD_ROW_POLICIES:
+            raise DataError("unknown bad_rows policy", value=self.bad_rows,
+                            expected=f"one of {BAD_ROW_POLICIES}")
+
+
+@dataclasses.dataclass
+class RawBatch:
+    """A parsed batch plus where it came from, for error messages."""
+
+    batch: pa.RecordBatch
+    source: str
+    first_row: int  # 0-based index of the batch's first data row in ``source``
+
+
+def columns_to_batch(columns: dict[str, np.ndarray]) -> pa.RecordBatch:
+    """A record batch from named 1-D numpy columns."""
+    return pa.RecordBatch.from_arrays([pa.array(v) for v in columns.values()], list(columns))
+
+
+def check_labels(raw: RawBatch, schema: Schema, policy: str) -> tuple[pa.RecordBatch, int]:
+    """Rejects (or drops, for policy "skip") rows with a NaN or out-of-range label.
+
+    Returns:
+        The batch without bad rows, and how many rows were dropped.
+
+    Raises:
+        DataError: naming source file, row, column, task and value (policy "error").
+    """
+    bad = np.zeros(raw.batch.num_rows, bool)
+    for label in schema.labels:
+        values = raw.batch.column(label.name).to_numpy(zero_copy_only=False).astype(np.float64)
+        lo, hi = label.value_range or (-np.inf, np.inf)
+        this_bad = np.isnan(values) | (values < lo) | (values > hi)
+        if this_bad.any() and policy == "error":
+            i = int(np.flatnonzero(this_bad)[0])
+            task = raw.batch.column(TASK_COLUMN)[i].as_py()
+            what = "NaN or missing label" if np.isnan(values[i]) else "label out of range"
+            raise DataError(f"row {raw.first_row + i}: {what}", file=raw.source,
+                            column=label.name, task=task, value=float(values[i]),
+                            expected=f"a number in [{lo:g}, {hi:g}]")
+        bad |= this_bad
+    if not bad.any():
+        return raw.batch, 0
+    return raw.batch.filter(pa.array(~bad)), int(bad.sum())
+
+
+def num_buckets(input_bytes: int, bucket_bytes: int) -> int:
+    """Enough on-disk buckets that one bucket fits comfortably in memory."""
+    return max(1, math.ceil(input_bytes / max(1, bucket_bytes)))
+
+
+def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
+            split: SplitConfig, output: OutputConfig, input_bytes: int,
+            source: dict) -> Manifest:
+    """Runs the shared conversion: check, bucket, split, write, commit.
+
+    Args:
+        raw_batches: Parsed batches with the schema's storage columns.
+        schema: The output schema.
+        out_dir: Output dataset directory.
+        split: Cold-start split parameters.
+        output: File format, sizes, overwrite and bad-row policy.
+        input_bytes: Size of the raw input, to size the on-disk buckets.
+        source: What was converted (recorded in the manifest).
+
+    Returns:
+        The manifest of the committed dataset.
+    """
+    counts: collections.Counter = collections.Counter()
+    with DatasetWriter(out_dir, schema, output.file_format, output.rows_per_file,
+                       output.rows_per_block, output.overwrite) as writer:
+        spill = os.path.join(writer.tmp_dir, "_spill")
+        with TaskPartitioner(spill, num_buckets(input_bytes, output.bucket_bytes)) as part:
+            for batch, skipped in _checked(raw_batches, schema, output.bad_rows):
+                counts["rows_skipped_bad_label"] += skipped
+                part.add(batch)
+            counts["rows_in"] = part.rows
+            for table in part.buckets():
+                warm, cold, bucket_counts = split_tasks(table, split)
+                writer.write("warm", warm)
+                writer.write("cold", cold)
+                counts.update(bucket_counts)
+        shutil.rmtree(spill, ignore_errors=True)
+        _log_skips(counts, split)
+        return writer.commit({**split_record(split, dict(counts)), "source": source})
+
+
+def _checked(raw_batches: Iterable[RawBatch], schema: Schema,
+             policy: str) -> Iterator[tuple[pa.RecordBatch, int]]:
+    for raw in raw_batches:
+        yield check_labels(raw, schema, policy)
+
+
+def _log_skips(counts: collections.Counter, split: SplitConfig) -> None:
+    if counts["rows_skipped_bad_label"]:
+        log.warning("skipped %d rows with a NaN or out-of-range label",
+                    counts["rows_skipped_bad_label"])
+    if counts["dropped_short"]:
+        log.warning("dropped %d tasks with fewer than %d rows (min_rows)",
+                    counts["dropped_short"], split.min_rows)
+    if counts["dropped_long"]:
+        log.warning("dropped %d tasks with more than %s rows (max_rows)",
+                    counts["dropped_long"], split.max_rows)

@@ -1,0 +1,89 @@
+"""Turning raw categorical values into int64 sparse ids, the same way in every converter.
+
+* A value that is a decimal integer (``"42"``) keeps its value, so numeric ids stay readable.
+* Any other string is hashed: farmhash Fingerprint64 (``tf.strings.to_hash_bucket_fast``)
+  of ``"<salt>=<value>"`` modulo 2**63 - 1, a stable non-negative int64. The salt (usually
+  the column name) keeps equal strings of different columns apart.
+* A missing value (null or empty) is id 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+MISSING_ID = 0
+_INT_PATTERN = r"^-?[0-9]{1,18}$"
+
+
+def _fingerprint(values: list[str], salt: str) -> np.ndarray:
+    import tensorflow as tf
+
+    if not values:
+        return np.zeros(0, np.int64)
+    salted = tf.constant([f"{salt}={v}" for v in values])
+    return tf.strings.to_hash_bucket_fast(salted, 2**63 - 1).numpy()
+
+
+def to_ids(values: pa.Array | pa.ChunkedArray, salt: str) -> np.ndarray:
+    """Maps a column of raw categorical values to int64 ids (see module docstring).
+
+    Args:
+        values: Integer or string values; nulls allowed.
+        salt: Mixed into hashes (use the column name).
+
+    Returns:
+        int64 array of the same length.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if pa.types.is_integer(values.type):
+        return values.cast(pa.int64()).fill_null(MISSING_ID).to_numpy(zero_copy_only=False)
+    values = values.cast(pa.string())
+    encoded = pc.dictionary_encode(values)
+    words = encoded.dictionary
+    is_int = pc.match_substring_regex(words, _INT_PATTERN).to_numpy(zero_copy_only=False)
+    word_ids = np.zeros(len(words), np.int64)
+    if is_int.any():
+        word_ids[is_int] = pc.cast(words.filter(pa.array(is_int)), pa.int64()).to_numpy()
+    others = np.flatnonzero(~is_int)
+    word_ids[others] = _fingerprint([words[int(i)].as_py() for i in others], salt)
+    word_ids[np.flatnonzero(pc.equal(words, "").to_numpy(zero_copy_only=False))] = MISSING_ID
+    indices = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    return np.where(indices >= 0, word_ids[np.maximum(indices, 0)], MISSING_ID).astype(np.int64)
+
+
+def to_slots(values: pa.Array | pa.ChunkedArray, salt: str, separator: str,
+             width: int) -> tuple[np.ndarray, int]:
+    """Splits a multi-valued string column (``"a|b|c"``) into fixed-width id slots.
+
+    Args:
+        values: Strings of ``separator``-joined values; null or empty means no value.
+        salt: Mixed into hashes (use the column name).
+        separator: The value separator.
+        width: Number of slots; rows with more values keep the first ``width``.
+
+    Returns:
+        ``(slots, truncated)``: int64 ``[rows, width]`` padded with ``PAD_ID`` (-1), and the
+        number of rows that had more than ``width`` values.
+    """
+    from gmeta_tf.data.schema import PAD_ID
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    values = values.cast(pa.string()).fill_null("")
+    lists = pc.split_pattern(values, separator)
+    flat = pc.list_flatten(lists)
+    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    ids = to_ids(flat, salt)
+    keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
+    row = np.repeat(np.arange(len(values)), lengths)[keep]
+    ids = ids[keep]
+    starts = np.searchsorted(row, np.arange(len(values)))
+    pos = np.arange(len(row)) - starts[row]
+    slots = np.full((len(values), width), PAD_ID, np.int64)
+    fits = pos < width
+    slots[row[fits], pos[fits]] = ids[fits]
+    truncated = int(np.unique(row[~fits]).size)
+    return slots, truncated

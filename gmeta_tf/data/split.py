@@ -1,0 +1,147 @@
+"""The cold-start split (../DESIGN.md, "Cold-start evaluation protocol"), seeded and streaming.
+
+Tasks are split into warm (``warm_fraction``) and cold; every kept task is split into a
+support set and a query set of ``query_size`` rows, chosen at random or as the task's last
+rows by time; tasks with fewer than ``min_rows`` (or more than ``max_rows``) rows are
+dropped and counted. Every decision is a pure function of ``(seed, task id, row rank in the
+task)`` computed with a counter-based hash, so the split does not depend on how the input
+was chunked or bucketed, and the same seed always reproduces it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from gmeta_tf.data.errors import DataError
+from gmeta_tf.data.schema import QUERY_COLUMN, TASK_COLUMN
+
+ORDER_COLUMN = "__order"  # optional input column: rows of a task are ordered by it ("last")
+QUERY_SELECTIONS = ("random", "last")
+
+
+@dataclasses.dataclass
+class SplitConfig:
+    """Parameters of the warm/cold and support/query split.
+
+    Args:
+        seed: Seed of every random choice.
+        warm_fraction: Fraction of tasks that are warm (trained on); the rest are cold.
+        query_size: Query rows per task; the task's other rows are its support set.
+        min_rows: Tasks with fewer rows are dropped (MeLU: 13).
+        max_rows: Tasks with more rows are dropped (MeLU: 100); None keeps them all.
+        query_selection: "random" rows, or the "last" rows by the order column (time).
+    """
+
+    seed: int = 0
+    warm_fraction: float = 0.8
+    query_size: int = 10
+    min_rows: int = 13
+    max_rows: int | None = None
+    query_selection: str = "random"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.warm_fraction <= 1.0:
+            raise DataError("warm_fraction out of range", value=self.warm_fraction,
+                            expected="0 <= warm_fraction <= 1")
+        if self.query_size < 1 or self.min_rows < self.query_size + 1:
+            raise DataError("min_rows must leave at least one support row",
+                            value=(self.min_rows, self.query_size),
+                            expected="query_size >= 1 and min_rows >= query_size + 1")
+        if self.query_selection not in QUERY_SELECTIONS:
+            raise DataError("unknown query_selection", value=self.query_selection,
+                            expected=f"one of {QUERY_SELECTIONS}")
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finalizer: a fast, well-mixed uint64 -> uint64 bijection."""
+    z = np.asarray(x).astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        z += np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _seeded(values: np.ndarray, seed: int, stream: int) -> np.ndarray:
+    key = mix64(np.array([seed * 8 + stream], dtype=np.uint64))[0]
+    return mix64(values.astype(np.int64).view(np.uint64) ^ key)
+
+
+def warm_mask(task_ids: np.ndarray, config: SplitConfig) -> np.ndarray:
+    """True for tasks that are warm, a pure function of (seed, task id)."""
+    u = (_seeded(task_ids, config.seed, 1) >> np.uint64(11)).astype(np.float64) / 2.0**53
+    return u < config.warm_fraction
+
+
+def _group_starts(sorted_tasks: np.ndarray) -> np.ndarray:
+    change = np.flatnonzero(sorted_tasks[1:] != sorted_tasks[:-1]) + 1
+    return np.concatenate([[0], change]).astype(np.int64)
+
+
+def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[pa.Table, pa.Table, dict[str, int]]:
+    """Groups whole tasks, drops short/long ones, marks query rows, splits warm/cold.
+
+    Args:
+        table: Rows of whole tasks in input order (every row of a task it contains is in
+            it), with a ``task_id`` column and optionally ``__order``.
+        config: The split parameters.
+
+    Returns:
+        ``(warm, cold, counts)``: two tables sorted by task, each task's support rows first
+        then its query rows (each in input/time order), with an ``is_query`` int32 column and
+        without ``__order``; counts of kept and dropped tasks.
+    """
+    counts = {"warm_tasks": 0, "cold_tasks": 0, "dropped_short": 0, "dropped_long": 0}
+    if table.num_rows == 0:
+        return table, table, counts
+    tasks = table.column(TASK_COLUMN).to_numpy()
+    within = (table.column(ORDER_COLUMN).to_numpy() if ORDER_COLUMN in table.column_names
+              else np.arange(len(tasks)))
+    order = np.lexsort((np.arange(len(tasks)), within, tasks))
+    tasks = tasks[order]
+    starts = _group_starts(tasks)
+    sizes = np.diff(np.append(starts, len(tasks)))
+    too_long = sizes > (config.max_rows if config.max_rows is not None else np.inf)
+    keep_task = (sizes >= config.min_rows) & ~too_long
+    counts["dropped_short"] = int((sizes < config.min_rows).sum())
+    counts["dropped_long"] = int(too_long.sum())
+
+    group = np.repeat(np.arange(len(starts)), sizes)
+    rank = np.arange(len(tasks)) - starts[group]
+    is_query = _query_rows(tasks, rank, group, starts, sizes, config)
+    keep_row = keep_task[group]
+    final = np.lexsort((rank, is_query, tasks))
+    final = final[keep_row[final]]
+    is_query = is_query[final].astype(np.int32)
+    out = table.take(pa.array(order[final]))
+    if ORDER_COLUMN in out.column_names:
+        out = out.drop_columns([ORDER_COLUMN])
+    out = out.append_column(QUERY_COLUMN, pa.array(is_query))
+    warm_rows = warm_mask(out.column(TASK_COLUMN).to_numpy(), config)
+    kept_ids = tasks[starts][keep_task]
+    warm_tasks = warm_mask(kept_ids, config)
+    counts["warm_tasks"], counts["cold_tasks"] = int(warm_tasks.sum()), int((~warm_tasks).sum())
+    return out.filter(pa.array(warm_rows)), out.filter(pa.array(~warm_rows)), counts
+
+
+def _query_rows(tasks: np.ndarray, rank: np.ndarray, group: np.ndarray, starts: np.ndarray,
+                sizes: np.ndarray, config: SplitConfig) -> np.ndarray:
+    """Per row (grouped by task, in task order), True when it belongs to the query set."""
+    q = config.query_size
+    if config.query_selection == "last":
+        return rank >= sizes[group] - q
+    with np.errstate(over="ignore"):
+        key = mix64(_seeded(tasks, config.seed, 2) + rank.astype(np.uint64))
+    by_key = np.lexsort((key, group))
+    key_rank = np.empty_like(rank)
+    key_rank[by_key] = np.arange(len(rank)) - starts[group[by_key]]
+    return key_rank < q
+
+
+def split_record(config: SplitConfig, counts: dict[str, int]) -> dict[str, Any]:
+    """What the manifest records about the split: parameters, seed and task counts."""
+    return {**dataclasses.asdict(config), **counts}

@@ -1,0 +1,177 @@
+"""Writes whole tasks into Parquet/ORC files and a manifest, atomically.
+
+Everything goes to a temporary directory beside the target; only ``commit`` moves it into
+place with ``os.replace``, so a converter that fails half way leaves no half-written dataset.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.orc as orc
+import pyarrow.parquet as pq
+
+from gmeta_tf.data import filesystem as fs
+from gmeta_tf.data.errors import DataError
+from gmeta_tf.data.manifest import FILE_FORMATS, FileEntry, Manifest, sha256_of
+from gmeta_tf.data.schema import TASK_COLUMN, Schema
+
+log = logging.getLogger(__name__)
+
+
+class _SplitFiles:
+    """The rolling data files of one split: cuts whole-task blocks, rolls files by rows."""
+
+    def __init__(self, writer: "DatasetWriter", split: str) -> None:
+        self.writer, self.split = writer, split
+        self.entries: list[FileEntry] = []
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._file: Any = None
+        self._rel_path = ""
+        self._blocks: list[list[int]] = []
+
+    def add(self, table: pa.Table) -> None:
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= self.writer.rows_per_block:
+            self._flush(final=False)
+
+    def close(self) -> None:
+        self._flush(final=True)
+        self._close_file()
+
+    def _flush(self, final: bool) -> None:
+        table = pa.concat_tables(self._pending)
+        self._pending, self._pending_rows = [], 0
+        tasks = table.column(TASK_COLUMN).to_numpy()
+        if len(tasks) == 0:
+            return
+        ends = np.append(np.flatnonzero(tasks[1:] != tasks[:-1]) + 1, len(tasks))
+        # A block ends at the first task end that crosses a multiple of rows_per_block.
+        crossing = np.flatnonzero(np.diff(np.concatenate([[0], ends // self.writer.rows_per_block])))
+        cut = np.unique(np.append(ends[crossing], [len(tasks)] if final else []).astype(np.int64))
+        start = 0
+        for stop in cut:
+            self._write_block(table.slice(start, stop - start), tasks[start:stop])
+            start = int(stop)
+        if start < len(tasks):
+            self._pending, self._pending_rows = [table.slice(start)], len(tasks) - start
+
+    def _write_block(self, block: pa.Table, tasks: np.ndarray) -> None:
+        if self._file is None:
+            self._open_file()
+        n_tasks = int(np.count_nonzero(tasks[1:] != tasks[:-1]) + 1)
+        if self.writer.file_format == "parquet":
+            self._file.write_table(block, row_group_size=block.num_rows)
+        else:
+            self._file.write(block)
+        self._blocks.append([block.num_rows, n_tasks])
+        if sum(b[0] for b in self._blocks) >= self.writer.rows_per_file:
+            self._close_file()
+
+    def _open_file(self) -> None:
+        w = self.writer
+        self._rel_path = f"{self.split}/part-{len(self.entries):05d}.{w.file_format}"
+        path = os.path.join(w.tmp_dir, self._rel_path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if w.file_format == "parquet":
+            self._file = pq.ParquetWriter(path, w.arrow_schema, compression="snappy")
+        else:
+            self._file = orc.ORCWriter(path, compression="snappy")
+        self._blocks = []
+
+    def _close_file(self) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        path = os.path.join(self.writer.tmp_dir, self._rel_path)
+        self.entries.append(FileEntry(
+            path=self._rel_path, split=self.split,
+            rows=sum(b[0] for b in self._blocks), tasks=sum(b[1] for b in self._blocks),
+            bytes=os.path.getsize(path), sha256=sha256_of(path), blocks=self._blocks))
+
+
+class DatasetWriter:
+    """Writes tables of whole tasks, split by split, then commits the dataset atomically.
+
+    Args:
+        out_dir: Target dataset directory (local).
+        schema: The dataset schema; every table written must have its columns.
+        file_format: "parquet" or "orc".
+        rows_per_file: A file is closed at the first block end past this many rows.
+        rows_per_block: A block (Parquet row group; the unit of sharding) ends at the first
+            task end past this many rows.
+        overwrite: Replace an existing dataset at ``out_dir``.
+
+    Example::
+
+        with DatasetWriter(out, schema, "parquet") as w:
+            w.write("warm", warm_table)     # tables sorted by task, whole tasks only
+            manifest = w.commit(split={"seed": 0})
+    """
+
+    def __init__(self, out_dir: str, schema: Schema, file_format: str = "parquet",
+                 rows_per_file: int = 1 << 20, rows_per_block: int = 1 << 16,
+                 overwrite: bool = False) -> None:
+        if fs.is_remote(out_dir):
+            raise DataError("converters write local directories; copy the result with "
+                            "tf.io.gfile or your storage tool", file=out_dir)
+        if file_format not in FILE_FORMATS:
+            raise DataError("unknown file format", value=file_format, expected=f"one of {FILE_FORMATS}")
+        self.out_dir = os.path.abspath(fs.local(out_dir))
+        if os.path.exists(self.out_dir) and not overwrite:
+            raise DataError("output exists (pass overwrite=True / --overwrite)", file=self.out_dir)
+        self.schema, self.file_format = schema, file_format
+        self.arrow_schema = schema.arrow_schema()
+        self.rows_per_file, self.rows_per_block = rows_per_file, rows_per_block
+        parent = os.path.dirname(self.out_dir)
+        os.makedirs(parent, exist_ok=True)
+        self.tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out_dir)}.tmp-", dir=parent)
+        self._splits: dict[str, _SplitFiles] = {}
+
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if os.path.exists(self.tmp_dir):
+            self.abort()
+
+    def write(self, split: str, table: pa.Table) -> None:
+        """Appends whole tasks (sorted by task; no task continues in a later call)."""
+        if table.num_rows == 0:
+            return
+        table = table.select(self.arrow_schema.names).cast(self.arrow_schema)
+        self._splits.setdefault(split, _SplitFiles(self, split)).add(table)
+
+    def commit(self, split: dict[str, Any]) -> Manifest:
+        """Closes all files, writes the manifest and moves the dataset into place."""
+        for s in self._splits.values():
+            s.close()
+        files = [e for name in sorted(self._splits) for e in self._splits[name].entries]
+        manifest = Manifest(self.schema, self.file_format, files, split)
+        manifest.save(self.tmp_dir)
+        trash = None
+        if os.path.exists(self.out_dir):
+            trash = self.tmp_dir + ".old"
+            os.replace(self.out_dir, trash)
+        os.replace(self.tmp_dir, self.out_dir)
+        if trash:
+            shutil.rmtree(trash, ignore_errors=True)
+        log.info("wrote %s: %d files, %d rows, %d tasks", self.out_dir, len(files),
+                 sum(f.rows for f in files), sum(f.tasks for f in files))
+        return manifest
+
+    def abort(self) -> None:
+        """Drops everything written so far."""
+        for s in self._splits.values():
+            if s._file is not None:
+                s._file.close()
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
