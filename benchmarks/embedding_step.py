@@ -239,8 +239,9 @@ def summarize(config: StepConfig, results: dict[str, dict], facts: dict) -> dict
     summary["ratio_vs_tfra"] = ratio("tfra")
     summary["ratio_vs_tf_hashtable"] = ratio("tf_hashtable")
     summary["target_ratio_vs_tfra"] = TARGET_RATIO_VS_TFRA
+    ratio_vs_tfra = summary["ratio_vs_tfra"]
     summary["meets_target"] = (
-        summary["ratio_vs_tfra"] >= TARGET_RATIO_VS_TFRA if summary["ratio_vs_tfra"] else None
+        ratio_vs_tfra >= TARGET_RATIO_VS_TFRA if ratio_vs_tfra is not None else None
     )
     summary["tfra_variant"] = best_tfra
     for name in sorted(figures):
