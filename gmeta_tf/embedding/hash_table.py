@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import tensorflow as tf
 
 from gmeta_tf import ops
@@ -90,10 +89,10 @@ class HashTable(tf.Module):
 
     def import_(self, snapshot, clear_first: bool = True, shard_index=0, num_shards=1):
         """Loads a snapshot (e.g. from ``export``), keeping ids owned by this shard."""
-        values = np.asarray(snapshot.values) if not tf.is_tensor(snapshot.values) else None
-        if values is not None and values.ndim == 2 and values.shape[1] != self.dim:
+        shape = tuple(snapshot.values.shape)
+        if len(shape) != 2 or shape[1] != self.dim:
             raise ValueError(
-                f"cannot import rows of dim {values.shape[1]} into table "
+                f"cannot import rows of shape {shape} (dim {shape[-1] if shape else None}) into table "
                 f"'{self.name}' of dim {self.dim}"
             )
         return ops.import_table(
