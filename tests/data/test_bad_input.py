@@ -1,0 +1,190 @@
+"""Bad input gives a clear error naming file, column, task and value, or a counted skip."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+
+from gmeta_tf import data
+from gmeta_tf.data.manifest import sha256_of
+from tests.data.conftest import convert_small
+
+# Errors found while batches are produced cross tf.data's generator boundary and arrive
+# as tf.errors.OpError carrying the DataError message; errors found at open are DataError.
+DATA_ERRORS = (data.DataError, tf.errors.OpError)
+
+
+@pytest.fixture
+def copy(parquet_dataset, tmp_path):
+    dst = tmp_path / "ds"
+    shutil.copytree(parquet_dataset, dst)
+    return dst
+
+
+def first_file(ds) -> tuple[str, int]:
+    m = json.loads((ds / "manifest.json").read_text())
+    return m["files"][0]["path"], 0
+
+
+def rewrite(ds, transform) -> str:
+    """Rewrites the first data file through ``transform`` and fixes the manifest to match,
+    so only the content is wrong. Returns the file's path."""
+    rel, i = first_file(ds)
+    path = str(ds / rel)
+    table = transform(pq.read_table(path))
+    pq.write_table(table, path, row_group_size=table.num_rows)
+    m = json.loads((ds / "manifest.json").read_text())
+    m["files"][i].update(bytes=os.path.getsize(path), sha256=sha256_of(path),
+                         rows=table.num_rows, blocks=[[table.num_rows, m["files"][i]["tasks"]]])
+    (ds / "manifest.json").write_text(json.dumps(m))
+    return path
+
+
+def consume(ds, **kwargs) -> int:
+    return sum(int(b["task_id"].shape[0]) for b in data.read_tasks(str(ds), 8, split=None, **kwargs))
+
+
+def test_missing_file(copy):
+    rel, _ = first_file(copy)
+    os.remove(copy / rel)
+    with pytest.raises(data.DataError, match=f"{rel}: data file listed in the manifest is missing"):
+        data.read_tasks(str(copy), 8, split=None)
+
+
+def test_missing_manifest(tmp_path):
+    with pytest.raises(data.DataError, match="no manifest"):
+        data.read_tasks(str(tmp_path), 8)
+
+
+def test_corrupt_file_fails_its_checksum(copy):
+    rel, _ = first_file(copy)
+    with open(copy / rel, "r+b") as f:
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(data.DataError, match=f"{rel}: checksum mismatch"):
+        data.read_tasks(str(copy), 8, split=None)
+
+
+def test_truncated_file_is_caught_without_checksum(copy):
+    rel, _ = first_file(copy)
+    size = os.path.getsize(copy / rel)
+    with open(copy / rel, "r+b") as f:
+        f.truncate(size - 100)
+    with pytest.raises(data.DataError, match="file size differs from the manifest"):
+        data.read_tasks(str(copy), 8, split=None, verify="size")
+
+
+def test_schema_that_does_not_match_the_manifest(copy):
+    path = rewrite(copy, lambda t: t.set_column(t.schema.get_field_index("price"), "price",
+                                                 t["price"].cast(pa.float64())))
+    with pytest.raises(data.DataError, match=f"{path}: column 'price': column type differs from "
+                                             r"the manifest \(got 'double', expected float\)"):
+        data.read_tasks(str(copy), 8, split=None)
+
+
+def test_missing_column(copy):
+    path = rewrite(copy, lambda t: t.drop_columns(["genres__2"]))
+    with pytest.raises(data.DataError, match=f"{path}: column 'genres__2': column missing"):
+        data.read_tasks(str(copy), 8, split=None)
+
+
+def nan_label_of_first_task(t: pa.Table) -> pa.Table:
+    label = t["label"].to_numpy().copy()
+    label[1] = np.nan
+    return t.set_column(t.schema.get_field_index("label"), "label", pa.array(label))
+
+
+def test_nan_label_in_a_dataset_names_file_column_task_and_value(copy):
+    path = rewrite(copy, nan_label_of_first_task)
+    task = pq.read_table(path)["task_id"][0].as_py()
+    with pytest.raises(DATA_ERRORS, match=f"{path}: column 'label': task {task}: NaN or "
+                                          r"out-of-range label \(got nan"):
+        consume(copy)
+
+
+def test_nan_label_task_can_be_skipped_with_a_count(copy, caplog):
+    rewrite(copy, nan_label_of_first_task)
+    with caplog.at_level(logging.WARNING):
+        kept = consume(copy, on_bad_task="skip")
+    assert kept == 300 - 1
+    assert "skipped bad label tasks: 1" in caplog.text
+
+
+def test_task_rows_not_contiguous(copy):
+    path = rewrite(copy, lambda t: t.take(pc.sort_indices(t, [("item_id", "ascending")])))
+    with pytest.raises(DATA_ERRORS, match=f"{path}: column 'task_id': task .*not contiguous"):
+        consume(copy)
+
+
+def test_task_too_short_for_support_plus_query(parquet_dataset, caplog):
+    with pytest.raises(DATA_ERRORS, match=r"task \d+: task has too few rows for its support and "
+                                          r"query sets \(got \{'support': \d+, 'query': 5\}"):
+        consume(parquet_dataset, min_support=25)
+    with caplog.at_level(logging.WARNING):
+        kept = consume(parquet_dataset, min_support=12, on_bad_task="skip")
+    assert 0 < kept < 300
+    assert f"skipped short tasks: {300 - kept}" in caplog.text
+
+
+def write_csv(path, lines):
+    path.write_text("\n".join(["user_id,item_id,label"] + lines) + "\n")
+    return path
+
+
+GOOD = [f"{u},{i},{(u + i) % 2}" for u in range(1, 6) for i in range(20)]
+MAPPING = {"task": "user_id", "label": "label", "label_range": [0, 1], "sparse": ["item_id"]}
+SPLIT = data.SplitConfig(query_size=3, min_rows=5)
+
+
+@pytest.mark.parametrize("value, problem", [("", "NaN or missing label"),
+                                            ("nan", "NaN or missing label"),
+                                            ("7", "label out of range")])
+def test_converter_rejects_bad_labels(tmp_path, value, problem):
+    src = write_csv(tmp_path / "in.csv", GOOD[:50] + [f"4,99,{value}"] + GOOD[50:])
+    with pytest.raises(data.DataError, match=f"{src}: column 'label': task 4: row 50: {problem}"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["in.csv"]  # no temporary left behind
+
+
+def test_converter_skips_bad_labels_with_a_count(tmp_path, caplog):
+    src = write_csv(tmp_path / "in.csv", GOOD + ["4,99,nan", "5,98,2"])
+    with caplog.at_level(logging.WARNING):
+        m = data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
+                             output=data.OutputConfig(bad_rows="skip"))
+    assert m.split["rows_skipped_bad_label"] == 2 and sum(f.rows for f in m.files) == 100
+    assert "skipped 2 rows with a NaN or out-of-range label" in caplog.text
+
+
+def test_failed_conversion_leaves_an_existing_dataset_untouched(tmp_path, raw_csv):
+    out = tmp_path / "out"
+    before = convert_small(raw_csv, out)
+    src = write_csv(tmp_path / "bad.csv", GOOD + ["4,99,nan"])
+    with pytest.raises(data.DataError):
+        data.convert_csv(str(src), str(out), MAPPING, split=SPLIT,
+                         output=data.OutputConfig(overwrite=True))
+    assert data.Manifest.load(str(out)).files == before.files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "out"]
+
+
+def test_converter_names_a_missing_input_column(tmp_path):
+    src = write_csv(tmp_path / "in.csv", GOOD)
+    with pytest.raises(data.DataError, match=f"{src}: .*'price'"):
+        data.convert_csv(str(src), str(tmp_path / "out"), {**MAPPING, "dense": ["price"]}, split=SPLIT)
+
+
+def test_converter_refuses_to_overwrite_by_default(tmp_path, raw_csv):
+    convert_small(raw_csv, tmp_path / "out")
+    with pytest.raises(data.DataError, match="output exists"):
+        convert_small(raw_csv, tmp_path / "out")

@@ -1,0 +1,35 @@
+"""``gmeta-data`` converts with a YAML mapping or flags and reports bad input with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+from gmeta_tf import data
+from gmeta_tf.data import cli
+
+
+def test_csv_with_a_yaml_mapping(raw_csv, tmp_path, capsys):
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text("task: user_id\nlabel: label\nlabel_range: [0, 1]\n"
+                       "sparse: [user_id, item_id]\nmulti_hot: {genres: 3}\ndense: [price]\n")
+    code = cli.main(["csv", str(raw_csv), str(tmp_path / "out"), "--mapping", str(mapping),
+                     "--seed", "4", "--query-size", "5", "--min-rows", "8", "--format", "orc"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["file_format"] == "orc" and summary["split"]["seed"] == 4
+    assert sum(s["tasks"] for s in summary["splits"].values()) == 300
+    assert data.Manifest.load(str(tmp_path / "out")).schema["genres"].dim == 3
+
+
+def test_csv_with_flags_matches_the_yaml_mapping(raw_csv, tmp_path):
+    code = cli.main(["csv", str(raw_csv), str(tmp_path / "out"), "--task", "user_id",
+                     "--label", "label", "--sparse", "user_id,item_id", "--multi-hot", "genres:3",
+                     "--dense", "price", "--query-size", "5", "--min-rows", "8"])
+    assert code == 0
+    m = data.Manifest.load(str(tmp_path / "out"))
+    assert [f.name for f in m.schema.features] == ["user_id", "item_id", "genres", "price", "label"]
+
+
+def test_bad_input_exits_2_with_the_file_named(tmp_path, capsys):
+    assert cli.main(["info", str(tmp_path)]) == 2
+    assert f"{tmp_path}/manifest.json: no manifest" in capsys.readouterr().err
