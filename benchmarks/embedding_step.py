@@ -245,7 +245,7 @@ def summarize(config: StepConfig, results: dict[str, dict], facts: dict) -> dict
     )
     summary["tfra_variant"] = best_tfra
     for name in sorted(figures):
-        for key in ("ids_per_s", "median_step_s", "table_size"):
+        for key in ("ids_per_s", "median_step_s", "mean_step_s", "table_size"):
             summary[f"{key}_{name}"] = figures[name][key]
         summary[f"final_loss_{name}"] = figures[name]["losses"][-1]
     summary["step_seconds"] = {k: v["step_seconds"] for k, v in measured.items()}
@@ -265,13 +265,14 @@ def print_table(summary: dict, results: dict[str, dict]) -> None:
           f"dim {summary['dim']}, {summary['steps']} timed steps (median), "
           f"~{summary['unique_ids_per_step_median']:.0f} unique ids/step")
     print(f"{'contender':<14}{'samples/s':>12}{'ids/s':>14}{'median step s':>15}"
-          f"{'table size':>12}{'final loss':>12}")
+          f"{'mean step s':>13}{'table size':>12}{'final loss':>12}")
     for name, r in results.items():
         if "samples_per_s" not in r:
             print(f"{name:<14}  not measured: {r['unavailable']}")
             continue
         print(f"{name:<14}{r['samples_per_s']:>12,.0f}{r['ids_per_s']:>14,.0f}"
-              f"{r['median_step_s']:>15.3f}{r['table_size']:>12,}{r['losses'][-1]:>12.4f}")
+              f"{r['median_step_s']:>15.3f}{r['mean_step_s']:>13.3f}{r['table_size']:>12,}"
+              f"{r['losses'][-1]:>12.4f}")
     for key in ("ratio_vs_tfra", "ratio_vs_tf_hashtable"):
         value = summary[key]
         print(f"{key}: {value:.2f}" if value is not None else f"{key}: n/a")
@@ -286,8 +287,11 @@ def main(argv: list[str]) -> int:
     config = StepConfig(batch_size=args.batch_size, features=FEATURES, dim=DIM,
                         learning_rate=LEARNING_RATE, seed=args.seed, steps=args.steps)
     log(f"config {asdict(config)}")
+    load_before = os.getloadavg()
     results = run_contenders(args, config)
     summary = summarize(config, results, batch_facts(config))
+    # Other work on the machine skews absolute figures; the load average says how busy it was.
+    summary["loadavg_1min"] = {"before": load_before[0], "after": os.getloadavg()[0]}
     print_table(summary, results)
     print(json.dumps(summary), flush=True)
     return 0
