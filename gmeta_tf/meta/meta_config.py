@@ -1,0 +1,52 @@
+"""MetaConfig: the knobs of the two update loops."""
+
+from __future__ import annotations
+
+import dataclasses
+
+ALGORITHMS = ("maml", "fomaml", "reptile")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaConfig:
+    """How the inner and outer loops run.
+
+    Args:
+        algorithm: "maml" (full second-order meta-gradient), "fomaml" (first-order: the
+            inner gradients are constants in the outer gradient) or "reptile" (the dense
+            slow weights move toward the mean adapted weights; the outer optimizer's
+            learning rate is Reptile's step size).
+        inner_steps: k, SGD steps on each task's support set.
+        inner_lr: The inner learning rate (the initial one when learned).
+        learn_inner_lr: Meta-SGD: learn one inner learning rate per adapted layer weight
+            in the outer loop.
+        fast_weights: Tower parameter names adapted in the inner loop, or prefixes of them
+            ("mlp", "top"); empty means all of the tower's weights.
+        adapt_embeddings: Also adapt, per task, the embedding rows of the task's own ids of
+            these single-valued features (e.g. ("item_id",)); the adapted rows are
+            discarded after the step, the table changes only in the outer loop.
+    """
+
+    algorithm: str = "maml"
+    inner_steps: int = 1
+    inner_lr: float = 0.01
+    learn_inner_lr: bool = False
+    fast_weights: tuple[str, ...] = ()
+    adapt_embeddings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"MetaConfig.algorithm={self.algorithm!r}, expected one of "
+                             f"{ALGORITHMS}")
+        if not isinstance(self.inner_steps, int) or isinstance(self.inner_steps, bool) \
+                or self.inner_steps < 1:
+            raise ValueError(f"MetaConfig.inner_steps={self.inner_steps!r}, expected an int >= 1")
+        if not self.inner_lr > 0:
+            raise ValueError(f"MetaConfig.inner_lr={self.inner_lr!r}, expected a number > 0")
+        object.__setattr__(self, "fast_weights", tuple(self.fast_weights))
+        object.__setattr__(self, "adapt_embeddings", tuple(self.adapt_embeddings))
+
+    @property
+    def first_order(self) -> bool:
+        """True when the outer gradient treats the inner gradients as constants."""
+        return self.algorithm != "maml"

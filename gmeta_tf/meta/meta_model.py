@@ -1,0 +1,180 @@
+"""MetaModel: MAML, first-order MAML and Reptile over hash embeddings, as a Keras model."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import tensorflow as tf
+
+from gmeta_tf import distributed
+from gmeta_tf.meta.meta_config import MetaConfig
+from gmeta_tf.meta.task_adapter import TaskAdapter, resolve_fast_weights
+from gmeta_tf.meta.task_batch import role_batches
+from gmeta_tf.models.heads import Head
+from gmeta_tf.models.tower import Tower
+
+TaskBatch = Mapping[str, Mapping[str, tf.Tensor]]
+
+
+class MetaModel(tf.keras.Model):
+    """Optimization-based meta-learning of a recommendation model (G-Meta's meta step).
+
+    One ``train_step`` on a batch of T tasks (Meta-IO layout, see ``gmeta_tf.data``):
+
+    1. the sparse ids of every support and query row of the batch go through ONE call of
+       the embedding layer: one deduplicated all-to-all forward;
+    2. inner loop (``TaskAdapter``): k SGD steps on each task's support loss adapt the fast
+       weights (by default the whole tower; optionally the task's own embedding rows), for
+       all T tasks at once with a leading task axis, without communication;
+    3. outer loop: the mean query loss under the adapted weights, differentiated ONCE w.r.t.
+       the dense slow weights, the learned inner rates and the embedding's update trigger.
+       The trigger's gradient sends the embedding row gradients back in ONE all-to-all and
+       applies the fused sparse optimizer on their owners; the dense gradients are
+       all-reduced (``distributed.allreduce_gradients``) and applied by the compiled Keras
+       optimizer. MAML keeps the second-order terms (the inner gradients are recorded by
+       the outer tape), first-order MAML drops them, Reptile moves the adapted dense slow
+       weights toward the tasks' mean adapted weights (gradient ``theta - mean(theta')``)
+       while everything else follows the first-order query gradient.
+
+    Args:
+        embedding: Layer mapping ``{name: ids}`` to ``{name: [n, dim]}`` in one call
+            (``gmeta_tf.embedding.ShardedHashEmbedding``), trained through its
+            ``trainable_variables`` (the fused update trigger).
+        tower: The dense tower (``MeLUTower``, ``DLRMTower``).
+        head: The head; its ``label`` names the label feature of the batch.
+        config: The loops' settings.
+
+    Example::
+
+        model = MetaModel(embedding, MeLUTower(items, users, 16), RatingHead("rating", 3.5),
+                          MetaConfig("maml", inner_steps=5, inner_lr=5e-3))
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-3))
+        model.fit(data.read_tasks(path, 32, 20, 10), epochs=10)
+        scores = model.adapted_predictions(cold_batch)    # [T, Q]
+    """
+
+    def __init__(self, embedding: tf.keras.layers.Layer, tower: Tower, head: Head,
+                 config: MetaConfig | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding, self.tower, self.head = embedding, tower, head
+        self.config = config or MetaConfig()
+        fast = resolve_fast_weights(tower, self.config.fast_weights)
+        self.adapter = TaskAdapter(tower, head, fast, self.config.adapt_embeddings,
+                                   self.config.inner_steps)
+        self.inner_lr_variables = self._create_inner_rates()
+
+    def _create_inner_rates(self) -> dict[str, tf.Variable]:
+        if not self.config.learn_inner_lr:
+            return {}
+        return {n: self.add_weight(name=f"inner_lr/{n}", shape=[], trainable=True,
+                                   initializer=tf.keras.initializers.Constant(self.config.inner_lr))
+                for n in self.adapter.fast_names}
+
+    def inner_learning_rates(self) -> dict[str, tf.Tensor]:
+        """Fast weight name -> its inner learning rate (a learned variable under Meta-SGD)."""
+        if self.inner_lr_variables:
+            return dict(self.inner_lr_variables)
+        return {n: tf.constant(self.config.inner_lr) for n in self.adapter.fast_names}
+
+    @property
+    def slow_variables(self) -> list[tf.Variable]:
+        """Dense variables of the outer loop: the tower's, then the learned inner rates."""
+        return list(self.tower.params().values()) + list(self.inner_lr_variables.values())
+
+    # -- the meta step -----------------------------------------------------------------
+
+    def meta_loss(self, batch: TaskBatch, training: bool = True):
+        """Query loss after adapting on the support sets (steps 1-3 of the class docstring).
+
+        Returns:
+            ``(query_loss, support_loss, slow_params, adapted_fast_weights)``.
+        """
+        support, query, num_pairs = role_batches(self.embedding, self.tower, self.head.label,
+                                                 batch, training, self.config.adapt_embeddings)
+        params = self.tower.params()
+        fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
+        adapted, support_loss = self.adapter.adapt(params, fast, support,
+                                                   self.inner_learning_rates(),
+                                                   self.config.first_order)
+        query_loss = tf.reduce_mean(self.adapter.task_losses(params, adapted, query))
+        return query_loss, support_loss, params, adapted
+
+    def meta_gradients(self, batch: TaskBatch) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor]]:
+        """Runs one meta step's forward and backward; applies the embedding update.
+
+        Returns:
+            ``(query_loss, support_loss, gradients)``, the local (not yet all-reduced)
+            gradients of ``slow_variables``. The embedding's sparse optimizer has been
+            applied (fused into the backward pass).
+        """
+        slow = self.slow_variables
+        with tf.GradientTape() as tape:
+            query_loss, support_loss, params, adapted = self.meta_loss(batch, training=True)
+        grads = tape.gradient(query_loss, slow + self.embedding.trainable_variables,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = list(grads[: len(slow)])
+        if self.config.algorithm == "reptile":
+            names = list(params)
+            for n in self.adapter.tower_fast:
+                i = names.index(n)
+                grads[i] = params[n] - tf.reduce_mean(adapted[n], axis=0)
+        return query_loss, support_loss, grads
+
+    def train_step(self, batch):
+        query_loss, support_loss, grads = self.meta_gradients(batch)
+        grads = distributed.allreduce_gradients(grads)
+        self.optimizer.apply_gradients(zip(grads, self.slow_variables))
+        return {"loss": query_loss, "support_loss": support_loss}
+
+    def test_step(self, batch):
+        query_loss, support_loss, _, _ = self.meta_loss(batch, training=False)
+        return {"loss": query_loss, "support_loss": support_loss}
+
+    # -- evaluation and serving --------------------------------------------------------
+
+    def adapted_outputs(self, batch: TaskBatch, steps: int | None = None) -> tf.Tensor:
+        """Raw tower outputs ``[T, Q]`` on the query rows after adapting on the support rows.
+
+        Embeddings are read without inserting (unknown ids read zero rows); nothing of the
+        model changes. ``steps`` overrides k (0: no adaptation).
+        """
+        support, query, num_pairs = role_batches(self.embedding, self.tower, self.head.label,
+                                                 batch, False, self.config.adapt_embeddings)
+        params = self.tower.params()
+        fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
+        adapter = self.adapter if steps is None else TaskAdapter(
+            self.tower, self.head, self.adapter.tower_fast, self.config.adapt_embeddings, steps)
+        adapted, _ = adapter.adapt(params, fast, support, self.inner_learning_rates(), True)
+        return adapter.outputs(params, adapted, query)
+
+    def adapted_predictions(self, batch: TaskBatch, steps: int | None = None) -> tf.Tensor:
+        """Predictions ``[T, Q]`` for the query rows after adapting on the support rows."""
+        return self.head.predict(self.adapted_outputs(batch, steps))
+
+    def serve(self, support: Mapping[str, tf.Tensor],
+              query: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """Serving-time adaptation for ONE new task: its support rows -> query predictions.
+
+        Args:
+            support: The task's labelled rows ``{feature: [S] or [S, W], label: [S]}``.
+            query: The rows to score ``{feature: [Q] or [Q, W]}`` (no label needed).
+
+        Returns:
+            ``[Q]`` predictions under the weights adapted to the support rows.
+        """
+        return tf.squeeze(self.adapted_predictions(single_task_batch(support, query,
+                                                                     self.head.label)), 0)
+
+
+def single_task_batch(support: Mapping[str, tf.Tensor], query: Mapping[str, tf.Tensor],
+                      label: str) -> dict:
+    """Rows of one task -> a task batch of T=1 with all-ones masks (query label zeros)."""
+    def role(rows, with_label):
+        rows = {k: tf.convert_to_tensor(v)[None] for k, v in rows.items()}
+        n = tf.shape(next(iter(rows.values())))[1]
+        if not with_label or label not in rows:
+            rows[label] = tf.zeros([1, n])
+        rows["mask"] = tf.ones([1, n])
+        return rows
+
+    return {"support": role(support, True), "query": role(query, False)}

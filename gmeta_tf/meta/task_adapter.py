@@ -1,0 +1,121 @@
+"""TaskAdapter: the inner loop, k SGD steps on the support sets of T tasks at once."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import tensorflow as tf
+
+from gmeta_tf.meta.task_batch import RoleBatch
+from gmeta_tf.models.heads import Head
+from gmeta_tf.models.tower import Tower
+
+EMBEDDING_PREFIX = "embedding/"
+
+
+def resolve_fast_weights(tower: Tower, selectors: Sequence[str]) -> tuple[str, ...]:
+    """Tower parameter names selected by names or name prefixes (empty: all of them).
+
+    Raises:
+        ValueError: A selector matches no parameter of the tower.
+    """
+    names = tuple(tower.params())
+    if not selectors:
+        return names
+    chosen = []
+    for sel in selectors:
+        hits = [n for n in names if n == sel or n.startswith(sel.rstrip("/") + "/")]
+        if not hits:
+            raise ValueError(f"fast_weights selector {sel!r} matches no weight of "
+                             f"{tower.name}; its weights are {list(names)}")
+        chosen.extend(h for h in hits if h not in chosen)
+    return tuple(n for n in names if n in chosen)
+
+
+class TaskAdapter:
+    """Adapts fast weights to each task's support set, for T tasks in one batched loop.
+
+    Fast weights are a dict of tensors: every adapted tower weight with a leading task
+    axis ``[T, ...]`` (its copies start equal to the slow weight) and, for every adapted
+    embedding feature ``f``, ``"embedding/f"``: a ``[P, dim]`` offset per distinct
+    (task, id) pair, starting at zero. The loop contains no Python loop over tasks: the
+    tasks' losses are summed, so the gradient w.r.t. task ``t``'s copy is task ``t``'s own.
+
+    Args:
+        tower: The tower.
+        head: The head (loss).
+        fast_weights: Adapted tower weight names (see ``resolve_fast_weights``).
+        adapted_embeddings: Single-valued sparse features whose per-task rows adapt.
+        steps: Inner SGD steps k.
+    """
+
+    def __init__(self, tower: Tower, head: Head, fast_weights: Sequence[str],
+                 adapted_embeddings: Sequence[str], steps: int) -> None:
+        unknown = [f for f in adapted_embeddings if f not in tower.sparse_features]
+        if unknown:
+            raise ValueError(f"adapt_embeddings {unknown} are not sparse features of "
+                             f"{tower.name}: {list(tower.sparse_features)}")
+        self.tower, self.head, self.steps = tower, head, steps
+        self.tower_fast = tuple(fast_weights)
+        self.embedding_fast = tuple(EMBEDDING_PREFIX + f for f in adapted_embeddings)
+
+    @property
+    def fast_names(self) -> tuple[str, ...]:
+        """Names of every fast weight: tower weights then embedding offsets."""
+        return self.tower_fast + self.embedding_fast
+
+    def initial(self, params: Mapping[str, tf.Tensor], num_tasks: tf.Tensor,
+                num_pairs: Mapping[str, tf.Tensor]) -> dict:
+        """Fast weights before adaptation: T copies of the slow weights, zero offsets."""
+        fast = {}
+        for n in self.tower_fast:
+            w = params[n]
+            fast[n] = tf.broadcast_to(w, tf.concat([[num_tasks], tf.shape(w)], axis=0))
+        for n in self.embedding_fast:
+            fast[n] = tf.zeros([num_pairs[n[len(EMBEDDING_PREFIX):]], self.tower.embedding_dim])
+        return fast
+
+    def outputs(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
+                role: RoleBatch) -> tf.Tensor:
+        """The tower's raw outputs ``[T, N]`` under the slow weights replaced by ``fast``."""
+        inputs = dict(role.inputs)
+        for n in self.embedding_fast:
+            feature = n[len(EMBEDDING_PREFIX):]
+            inputs[feature] = inputs[feature] + tf.gather(fast[n], role.pairs[feature])
+        weights = {**params, **{n: fast[n] for n in self.tower_fast}}
+        return self.tower.apply(weights, inputs)
+
+    def task_losses(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
+                    role: RoleBatch) -> tf.Tensor:
+        """Each task's mean loss over its real rows, ``[T]``."""
+        return self.head.masked_loss(role.labels, self.outputs(params, fast, role), role.mask)
+
+    def adapt(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
+              support: RoleBatch, learning_rates: Mapping[str, tf.Tensor],
+              first_order: bool) -> tuple[dict, tf.Tensor]:
+        """k SGD steps of every task's fast weights on its support loss.
+
+        Under an enclosing ``GradientTape`` the inner gradients are recorded, so the outer
+        gradient is the full second-order one, unless ``first_order`` makes them constants.
+
+        Returns:
+            ``(adapted fast weights, mean support loss before adaptation)``.
+        """
+        fast = dict(fast)
+        initial_loss = None
+        for _ in range(self.steps):
+            names = list(fast)
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch([fast[n] for n in names])
+                losses = self.task_losses(params, fast, support)
+                total = tf.reduce_sum(losses)
+            if initial_loss is None:
+                initial_loss = tf.reduce_mean(losses)
+            grads = tape.gradient(total, [fast[n] for n in names],
+                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            for n, g in zip(names, grads):
+                g = tf.convert_to_tensor(g)
+                if first_order:
+                    g = tf.stop_gradient(g)
+                fast[n] = fast[n] - learning_rates[n] * g
+        return fast, initial_loss

@@ -1,0 +1,41 @@
+"""Batch features -> inputs of an embedding layer: multi-hot padding removed."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import tensorflow as tf
+
+PAD_ID = -1  # gmeta_tf.data.PAD_ID: unused multi-hot slots and padding rows
+
+
+def embedding_inputs(features: Mapping[str, tf.Tensor], names: Sequence[str]) -> dict:
+    """The id tensors of ``names`` as an embedding layer takes them.
+
+    A single-valued feature ``[N]`` passes unchanged; a multi-hot feature ``[N, W]`` whose
+    unused slots hold ``PAD_ID`` becomes a ``tf.RaggedTensor`` ``[N, None]`` of its real
+    ids, so padding is never looked up (nor inserted) and a mean combiner averages only
+    real ids.
+
+    Raises:
+        KeyError: A name is not in ``features``.
+        ValueError: A feature has rank other than 1 or 2.
+    """
+    out = {}
+    for name in names:
+        if name not in features:
+            raise KeyError(f"feature {name!r} not in the batch; it has {sorted(features)}")
+        ids = features[name]
+        if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) or ids.shape.rank == 1:
+            out[name] = ids
+        elif ids.shape.rank == 2:
+            out[name] = _drop_padding(ids)
+        else:
+            raise ValueError(f"feature {name!r} has shape {ids.shape}, expected [N] or [N, W]")
+    return out
+
+
+def _drop_padding(ids: tf.Tensor) -> tf.RaggedTensor:
+    real = tf.not_equal(ids, PAD_ID)
+    return tf.RaggedTensor.from_row_lengths(
+        tf.boolean_mask(ids, real), tf.reduce_sum(tf.cast(real, tf.int64), axis=1))

@@ -1,0 +1,80 @@
+"""Tower: the dense part of a recommendation model, callable with its own or given weights."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import tensorflow as tf
+
+from gmeta_tf.models.dense_stack import Params
+
+
+class Tower(tf.keras.layers.Layer):
+    """Base of the towers: a Keras layer whose math is also a pure function of its weights.
+
+    ``call(features)`` runs the tower with its own variables (plain CTR training);
+    ``apply(params, features)`` runs it with any weights of the same names, where a weight
+    may carry a leading task axis ``[T, ...]`` and the features are then ``[T, N, ...]``
+    (the meta model's batched fast weights). Subclasses create their weights in
+    ``_create_weights`` and define ``apply``.
+
+    Args:
+        sparse_features: Names of the embedded features the tower reads, each ``[..., dim]``.
+        dense_features: Name -> width of the float features it reads (``[...]`` for width
+            1, ``[..., width]`` otherwise).
+        embedding_dim: Width of every embedded feature.
+        seed: Seed of the weight initializers.
+    """
+
+    def __init__(self, sparse_features: Sequence[str], embedding_dim: int,
+                 dense_features: Mapping[str, int] | None = None, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        if not sparse_features:
+            raise ValueError(f"{self.name}: sparse_features is empty, expected at least one name")
+        if embedding_dim < 1:
+            raise ValueError(f"{self.name}: embedding_dim={embedding_dim}, expected >= 1")
+        self.sparse_features = tuple(sparse_features)
+        self.dense_features = dict(dense_features or {})
+        self.embedding_dim = int(embedding_dim)
+        self.seed = int(seed)
+        self._params: dict[str, tf.Variable] = {}
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """Every input the tower reads: sparse (embedded) then dense."""
+        return self.sparse_features + tuple(self.dense_features)
+
+    def build(self, input_shape=None) -> None:
+        if not self._params:
+            self._params = self._create_weights()
+        super().build(input_shape)
+
+    def _create_weights(self) -> dict[str, tf.Variable]:
+        raise NotImplementedError
+
+    def params(self) -> dict[str, tf.Variable]:
+        """Parameter name -> the tower's variable, in a fixed order (builds if needed)."""
+        if not self.built:
+            self.build(None)
+        return dict(self._params)
+
+    def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """The tower's raw output (a logit or a rating) ``[...]`` under ``params``."""
+        raise NotImplementedError
+
+    def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        return self.apply(self.params(), features)
+
+    def _dense_input(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor | None:
+        """The dense features concatenated: ``[..., sum(widths)]``, None without any."""
+        parts = []
+        for name, width in self.dense_features.items():
+            x = tf.cast(features[name], tf.float32)
+            parts.append(x[..., None] if width == 1 else x)
+        return tf.concat(parts, axis=-1) if parts else None
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(sparse_features=list(self.sparse_features), embedding_dim=self.embedding_dim,
+                      dense_features=self.dense_features, seed=self.seed)
+        return config
