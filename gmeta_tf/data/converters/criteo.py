@@ -112,7 +112,7 @@ def convert_criteo(src: str | list[str], out_dir: str, seed: int = 0, int_mode: 
             raise DataError("input file not found", file=p)
     if task_column not in CAT_COLUMNS:
         raise DataError("task column must be a categorical column", column=task_column,
-                        expected=f"one of C1..C26")
+                        expected="one of C1..C26")
     schema = criteo_schema(int_mode)
     split = split or SplitConfig(seed=seed, query_size=4, min_rows=8)
     return convert(_raw_batches(paths, int_mode, task_column, block_bytes), schema, out_dir,

@@ -61,23 +61,57 @@ class TfioIOTensorReader(ColumnReader):
         self._tensors.clear()
 
 
+class _Cursor:
+    """Where an open IODataset iterator of one file stands, with rows read ahead of it."""
+
+    def __init__(self, path: str, start: int, columns: list[str]) -> None:
+        ds = _tfio().IODataset.from_parquet(path, columns=columns)
+        self.batches = iter(ds.skip(start).batch(CHUNK_ROWS))
+        self.position, self.columns = start, columns
+        self.buffer: Chunk = {c: np.zeros(0) for c in columns}
+
+    def take(self, n: int) -> Chunk:
+        while len(self.buffer[self.columns[0]]) < n:
+            batch = next(self.batches)
+            self.buffer = {c: np.concatenate([self.buffer[c], batch[c].numpy()]) for c in self.columns}
+        out = {c: v[:n] for c, v in self.buffer.items()}
+        self.buffer = {c: v[n:] for c, v in self.buffer.items()}
+        self.position += n
+        return out
+
+
 class TfioDatasetReader(ColumnReader):
-    """``tfio.IODataset.from_parquet`` in process; ``from_orc`` in a guarded child process."""
+    """``tfio.IODataset.from_parquet`` in process; ``from_orc`` in a guarded child process.
+
+    IODataset can only skip by reading, so a cursor per file continues where the previous
+    block ended: reading blocks in file order is linear, a jump costs a re-read.
+    """
 
     name = "tfio_dataset"
     formats = ("parquet", "orc")
+
+    def __init__(self, file_format: str) -> None:
+        super().__init__(file_format)
+        self._cursors: dict[str, _Cursor] = {}
+        self._lock = threading.Lock()
 
     def read(self, path: str, start: int, stop: int, columns: list[str]) -> Iterator[Chunk]:
         if self.file_format == "orc":
             yield from _read_orc_in_child(path, start, stop, columns)
             return
         try:
-            ds = _tfio().IODataset.from_parquet(path, columns=columns)
-            for batch in ds.skip(start).take(stop - start).batch(CHUNK_ROWS):
-                yield {c: batch[c].numpy() for c in columns}
+            with self._lock:
+                cursor = self._cursors.get(path)
+                if cursor is None or cursor.position != start or cursor.columns != columns:
+                    cursor = self._cursors[path] = _Cursor(path, start, columns)
+                chunk = cursor.take(stop - start)
+            yield chunk
         except Exception as e:
             raise DataError(f"tensorflow-io IODataset cannot read rows {start}..{stop}: {e}",
                             file=path) from e
+
+    def close(self) -> None:
+        self._cursors.clear()
 
 
 def _read_orc_in_child(path: str, start: int, stop: int, columns: list[str]) -> Iterator[Chunk]:
