@@ -1,11 +1,13 @@
 """Meta-learning: MetaModel (MAML, first-order MAML, Reptile), inner loop, evaluation."""
 
+from gmeta_tf.meta.evaluation import EvaluationReport, evaluate_tasks, fine_tuned_predictions
 from gmeta_tf.meta.meta_config import ALGORITHMS, MetaConfig
 from gmeta_tf.meta.meta_model import MetaModel, single_task_batch
-from gmeta_tf.meta.task_adapter import TaskAdapter, resolve_fast_weights
+from gmeta_tf.meta.task_adapter import TaskAdapter, adapted_outputs, resolve_fast_weights
 from gmeta_tf.meta.task_batch import RoleBatch, embed_tasks, role_batches, task_rows
 
 __all__ = [
-    "ALGORITHMS", "MetaConfig", "MetaModel", "RoleBatch", "TaskAdapter", "embed_tasks",
+    "ALGORITHMS", "EvaluationReport", "MetaConfig", "MetaModel", "RoleBatch", "TaskAdapter",
+    "adapted_outputs", "embed_tasks", "evaluate_tasks", "fine_tuned_predictions",
     "resolve_fast_weights", "role_batches", "single_task_batch", "task_rows",
 ]

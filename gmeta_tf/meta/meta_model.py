@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from gmeta_tf import distributed
 from gmeta_tf.meta.meta_config import MetaConfig
-from gmeta_tf.meta.task_adapter import TaskAdapter, resolve_fast_weights
+from gmeta_tf.meta.task_adapter import TaskAdapter, adapted_outputs, resolve_fast_weights
 from gmeta_tf.meta.task_batch import role_batches
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
@@ -138,14 +138,9 @@ class MetaModel(tf.keras.Model):
         Embeddings are read without inserting (unknown ids read zero rows); nothing of the
         model changes. ``steps`` overrides k (0: no adaptation).
         """
-        support, query, num_pairs = role_batches(self.embedding, self.tower, self.head.label,
-                                                 batch, False, self.config.adapt_embeddings)
-        params = self.tower.params()
-        fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
         adapter = self.adapter if steps is None else TaskAdapter(
             self.tower, self.head, self.adapter.tower_fast, self.config.adapt_embeddings, steps)
-        adapted, _ = adapter.adapt(params, fast, support, self.inner_learning_rates(), True)
-        return adapter.outputs(params, adapted, query)
+        return adapted_outputs(self.embedding, adapter, batch, self.inner_learning_rates())
 
     def adapted_predictions(self, batch: TaskBatch, steps: int | None = None) -> tf.Tensor:
         """Predictions ``[T, Q]`` for the query rows after adapting on the support rows."""

@@ -6,7 +6,7 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
-from gmeta_tf.meta.task_batch import RoleBatch
+from gmeta_tf.meta.task_batch import RoleBatch, role_batches
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
 
@@ -119,3 +119,20 @@ class TaskAdapter:
                     g = tf.stop_gradient(g)
                 fast[n] = fast[n] - learning_rates[n] * g
         return fast, initial_loss
+
+
+def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
+                    batch: Mapping[str, Mapping[str, tf.Tensor]],
+                    learning_rates: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    """Raw outputs ``[T, Q]`` on the query rows after adapting on the support rows.
+
+    Evaluation and serving: embeddings are read without inserting (unknown ids read zero
+    rows), the adaptation is first-order (no outer gradient) and nothing is updated.
+    """
+    adapted_embeddings = [n[len(EMBEDDING_PREFIX):] for n in adapter.embedding_fast]
+    support, query, num_pairs = role_batches(embedding, adapter.tower, adapter.head.label, batch,
+                                             False, adapted_embeddings)
+    params = adapter.tower.params()
+    fast = adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
+    adapted, _ = adapter.adapt(params, fast, support, learning_rates, first_order=True)
+    return adapter.outputs(params, adapted, query)
