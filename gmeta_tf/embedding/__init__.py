@@ -1,7 +1,17 @@
-"""Hash-based sparse embeddings: tables, the Keras layer, fused sparse optimizers."""
+"""Hash-based sparse embeddings: tables, Keras layers (single process and sharded by
+all-to-all), fused sparse optimizers."""
 
+from gmeta_tf.embedding.config import FeatureConfig, TableConfig
 from gmeta_tf.embedding.hash_embedding import HashEmbedding
 from gmeta_tf.embedding.hash_table import HashTable
+from gmeta_tf.embedding.sharded_hash_embedding import (
+    ShardedHashEmbedding,
+    dense_variables,
+    embedding_triggers,
+)
 from gmeta_tf.embedding.sparse_optimizers import SGD, Adagrad, Adam, SparseOptimizer
 
-__all__ = ["HashEmbedding", "HashTable", "SGD", "Adagrad", "Adam", "SparseOptimizer"]
+__all__ = [
+    "HashEmbedding", "HashTable", "ShardedHashEmbedding", "TableConfig", "FeatureConfig",
+    "SGD", "Adagrad", "Adam", "SparseOptimizer", "dense_variables", "embedding_triggers",
+]

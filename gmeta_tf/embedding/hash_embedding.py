@@ -70,6 +70,7 @@ class HashEmbedding(tf.keras.layers.Layer):
         self.update_trigger = self.add_weight(
             name="update_trigger", shape=[], initializer="zeros", trainable=True
         )
+        self.update_trigger._gmeta_update_trigger = True
         self.step = self.add_weight(
             name="step", shape=[], dtype=tf.int64, initializer="zeros", trainable=False
         )

@@ -1,0 +1,66 @@
+"""Small config types of the embedding layers: one table, one feature."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gmeta_tf.embedding import sparse_optimizers
+
+COMBINERS = (None, "sum", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """One hash table: its dim, fused sparse optimizer and row policy.
+
+    Example::
+
+        TableConfig(name="item", dim=16, optimizer=Adagrad(0.05), admit_after=2)
+    """
+
+    name: str
+    dim: int
+    optimizer: Any = "adagrad"
+    initializer: str = "uniform"
+    init_scale: float = 0.05
+    admit_after: int = 1
+    default_value: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"TableConfig.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim < 1:
+            raise ValueError(f"TableConfig '{self.name}': dim must be a positive integer, "
+                             f"got {self.dim!r}")
+        object.__setattr__(self, "optimizer", sparse_optimizers.get(self.optimizer))
+
+    def table_kwargs(self) -> dict:
+        return dict(optimizer=self.optimizer, seed=self.seed, initializer=self.initializer,
+                    init_scale=self.init_scale, admit_after=self.admit_after,
+                    default_value=self.default_value)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureConfig:
+    """One sparse feature looked up in a table.
+
+    ``combiner`` None keeps one row per id (input [B] -> [B, dim], [B, N] -> [B, N, dim]);
+    'sum' or 'mean' pools a multi-hot feature (ragged [B, None], sparse [B, N], or dense
+    [B, N] where ids equal to ``pad_id`` are padding) to [B, dim].
+    """
+
+    name: str
+    table: str
+    combiner: str | None = None
+    pad_id: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"FeatureConfig.name must be a non-empty string, got {self.name!r}")
+        if self.combiner not in COMBINERS:
+            raise ValueError(f"FeatureConfig '{self.name}': combiner must be one of "
+                             f"{COMBINERS}, got {self.combiner!r}")
+        if self.pad_id is not None and self.combiner is None:
+            raise ValueError(f"FeatureConfig '{self.name}': pad_id needs a combiner")
