@@ -5,7 +5,8 @@ range per feature and fresh ids every step (tables keep growing), loss = mean ov
 of (sum of the sample's 26 x 16 embedding values - 1)^2, Adagrad lr 0.05. One warm-up step,
 then --steps timed steps; the figure is batch / median step time.
 
-Contenders, each in a process of its own, one after the other, on bit-identical batches
+Contenders, each in a process of its own, driven in lock step (step i of each in turn, one
+process at a time: benchmarks/peers/step_driver.py) on bit-identical batches
 (benchmarks/embedding_batches.py, checked by digest):
   gmeta         gmeta_tf.embedding.HashEmbedding, Adagrad fused into the backward op
   tf_hashtable  tf.lookup.experimental.MutableHashTable + variables + ResourceSparseApplyAdagradV2
@@ -32,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.embedding_batches import BatchSpec, batch_digest, make_batch
+from benchmarks.peers.step_driver import run_lockstep
 from benchmarks.peers.step_worker import (
-    EXIT_UNAVAILABLE,
     StepConfig,
     Unavailable,
     config_argv,
@@ -52,7 +53,6 @@ QUICK_BATCH = 4096
 CONTENDERS = ("gmeta", "tf_hashtable", "tfra")
 TFRA_OPTIMIZERS = ("legacy", "keras")
 WORKER_FLAG = "--worker-gmeta"
-WORKER_TIMEOUT_S = 900
 
 
 # --- the project's contender (runs in a worker process of the main venv) ----------------
@@ -153,47 +153,32 @@ def ensure_peers_venv() -> Path | None:
     return python
 
 
-def run_worker(label: str, command: list[str]) -> dict:
-    """Runs one contender's worker; returns its JSON, or {'unavailable': why}."""
-    env = dict(os.environ)
-    env.setdefault("TF_USE_LEGACY_KERAS", "1")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    log(f"running {label}: {' '.join(command[:3])} ...")
-    try:
-        done = subprocess.run(command, check=False, cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=WORKER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"unavailable": f"{label} took over {WORKER_TIMEOUT_S} s and was stopped"}
-    lines = done.stdout.strip().splitlines()
-    last = lines[-1] if lines else ""
-    if done.returncode in (0, EXIT_UNAVAILABLE) and last.startswith("{"):
-        result = json.loads(last)
-        if "unavailable" in result:
-            log(f"{label} NOT MEASURED: {result['unavailable']}")
-        return result
-    tail = "\n".join(done.stderr.strip().splitlines()[-25:])
-    log(f"{label} failed with exit {done.returncode}; last stderr lines:\n{tail}")
-    return {"unavailable": f"{label} worker failed with exit {done.returncode}"}
+def worker_commands(args: argparse.Namespace, config: StepConfig) -> dict[str, list[str]]:
+    """Command line of each contender's worker; TFRA's run in .venv-peers."""
+    argv = [*config_argv(config), "--serve"]
+    main_python = [sys.executable, "-m"]
+    commands: dict[str, list[str]] = {}
+    if "gmeta" in args.only:
+        commands["gmeta"] = [*main_python, "benchmarks.embedding_step", WORKER_FLAG, *argv]
+    if "tf_hashtable" in args.only:
+        commands["tf_hashtable"] = [*main_python, "benchmarks.peers.tf_hashtable_step", *argv]
+    if "tfra" in args.only:
+        python = ensure_peers_venv()
+        for optimizer in args.tfra_optimizers if python else []:
+            commands[f"tfra_{optimizer}"] = [
+                str(python), "-m", "benchmarks.peers.tfra_step", "--optimizer", optimizer, *argv
+            ]
+    return commands
 
 
 def run_contenders(args: argparse.Namespace, config: StepConfig) -> dict[str, dict]:
-    argv = config_argv(config)
-    results: dict[str, dict] = {}
-    if "gmeta" in args.only:
-        results["gmeta"] = run_worker(
-            "gmeta", [sys.executable, "-m", "benchmarks.embedding_step", WORKER_FLAG, *argv])
-    if "tf_hashtable" in args.only:
-        results["tf_hashtable"] = run_worker(
-            "tf_hashtable", [sys.executable, "-m", "benchmarks.peers.tf_hashtable_step", *argv])
-    if "tfra" in args.only:
-        python = ensure_peers_venv()
-        for optimizer in args.tfra_optimizers:
-            name = f"tfra_{optimizer}"
-            results[name] = (
-                run_worker(name, [str(python), "-m", "benchmarks.peers.tfra_step",
-                                  "--optimizer", optimizer, *argv])
-                if python else {"unavailable": "peers venv could not be set up"}
-            )
+    commands = worker_commands(args, config)
+    env = {**os.environ}
+    env.setdefault("TF_USE_LEGACY_KERAS", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    results = run_lockstep(commands, config, REPO, env, log) if commands else {}
+    if "tfra" in args.only and not any(name.startswith("tfra_") for name in commands):
+        results["tfra"] = {"unavailable": "peers venv could not be set up"}
     return results
 
 
@@ -224,6 +209,12 @@ def summarize(config: StepConfig, results: dict[str, dict], facts: dict) -> dict
             return figures["gmeta"]["samples_per_s"] / figures[name]["samples_per_s"]
         return None
 
+    def paired_ratio(name: str) -> float | None:
+        if "gmeta" in figures and name in figures:
+            pairs = zip(figures[name]["step_seconds"], figures["gmeta"]["step_seconds"])
+            return statistics.median(peer / ours for peer, ours in pairs)
+        return None
+
     summary: dict = {
         "benchmark": "embedding_step",
         "batch": config.batch_size, "features": config.features, "dim": config.dim,
@@ -238,6 +229,10 @@ def summarize(config: StepConfig, results: dict[str, dict], facts: dict) -> dict
         summary[f"samples_per_s_{name}"] = per("samples_per_s", name)
     summary["ratio_vs_tfra"] = ratio("tfra")
     summary["ratio_vs_tf_hashtable"] = ratio("tf_hashtable")
+    # The same step of two contenders ran seconds apart: the median of per-step time ratios
+    # is the figure least moved by outside load.
+    summary["paired_ratio_vs_tfra"] = paired_ratio("tfra")
+    summary["paired_ratio_vs_tf_hashtable"] = paired_ratio("tf_hashtable")
     summary["target_ratio_vs_tfra"] = TARGET_RATIO_VS_TFRA
     ratio_vs_tfra = summary["ratio_vs_tfra"]
     summary["meets_target"] = (
@@ -273,7 +268,8 @@ def print_table(summary: dict, results: dict[str, dict]) -> None:
         print(f"{name:<14}{r['samples_per_s']:>12,.0f}{r['ids_per_s']:>14,.0f}"
               f"{r['median_step_s']:>15.3f}{r['mean_step_s']:>13.3f}{r['table_size']:>12,}"
               f"{r['losses'][-1]:>12.4f}")
-    for key in ("ratio_vs_tfra", "ratio_vs_tf_hashtable"):
+    for key in ("ratio_vs_tfra", "ratio_vs_tf_hashtable", "paired_ratio_vs_tfra",
+                "paired_ratio_vs_tf_hashtable"):
         value = summary[key]
         print(f"{key}: {value:.2f}" if value is not None else f"{key}: n/a")
     if not all(summary["checks"].values()):
