@@ -48,6 +48,8 @@ class _SplitFiles:
         self._close_file()
 
     def _flush(self, final: bool) -> None:
+        if not self._pending:
+            return
         table = pa.concat_tables(self._pending)
         self._pending, self._pending_rows = [], 0
         tasks = table.column(TASK_COLUMN).to_numpy()

@@ -30,6 +30,7 @@ class ArrowReader(ColumnReader):
         super().__init__(file_format)
         self._lock = threading.Lock()
         self._stripe_starts: dict[str, np.ndarray] = {}
+        self._last_stripe: dict[str, tuple[tuple, pa.RecordBatch]] = {}
 
     def read(self, path: str, start: int, stop: int, columns: list[str]) -> Iterator[Chunk]:
         try:
@@ -39,6 +40,9 @@ class ArrowReader(ColumnReader):
                 yield from self._read_orc(path, start, stop, columns)
         except (pa.ArrowException, OSError) as e:
             raise DataError(f"cannot read rows {start}..{stop}: {e}", file=path) from e
+
+    def close(self) -> None:
+        self._last_stripe.clear()
 
     def _open(self, path: str) -> Any:
         return fs.local(path) if not fs.is_remote(path) else fs.open_binary(path)
@@ -65,13 +69,25 @@ class ArrowReader(ColumnReader):
                 self._stripe_starts[path] = np.concatenate([[0], np.cumsum(rows)])
             return self._stripe_starts[path]
 
+    def _stripe(self, path: str, f: orc.ORCFile, index: int, columns: list[str]) -> pa.RecordBatch:
+        """A decoded stripe; the last one of each file is kept, as consecutive blocks share it."""
+        key = (index, tuple(columns))
+        with self._lock:
+            cached = self._last_stripe.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        stripe = f.read_stripe(index, columns=columns)
+        with self._lock:
+            self._last_stripe[path] = (key, stripe)
+        return stripe
+
     def _read_orc(self, path: str, start: int, stop: int, columns: list[str]) -> Iterator[Chunk]:
         f = orc.ORCFile(self._open(path))
         bounds = self._stripes(path, f)
         first = int(np.searchsorted(bounds, start, side="right") - 1)
         last = int(np.searchsorted(bounds, stop, side="left"))
         for i in range(first, last):
-            stripe = f.read_stripe(i, columns=columns)
+            stripe = self._stripe(path, f, i, columns)
             offset = int(bounds[i])
             lo, hi = max(start - offset, 0), min(stop - offset, stripe.num_rows)
             if hi > lo:

@@ -10,6 +10,7 @@ and surfaces here as ``ReaderCrashed``.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -133,11 +134,20 @@ def _read_orc_in_child(path: str, start: int, stop: int, columns: list[str]) -> 
         stderr = proc.stderr.read().decode(errors="replace")
         code = proc.wait()
     if code != 0:
-        tail = stderr.strip().splitlines()[-1:] or [""]
         raise ReaderCrashed(
-            f"tensorflow-io ORC reader (tensorflow/io#1782) died in its child process with exit "
-            f"code {code} ({tail[0][:200]}); the training process is unharmed; use reader='arrow'",
+            f"tensorflow-io ORC reader (tensorflow/io#1782) died in its child process "
+            f"({_describe_exit(code, stderr)}); the training process is unharmed; use reader='arrow'",
             file=path)
+
+
+def _describe_exit(code: int, stderr: str) -> str:
+    """"SIGSEGV" / "exit code 1", plus the child's most telling stderr line."""
+    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    lines = [ln.strip() for ln in stderr.splitlines()]
+    telling = [ln for ln in lines if any(w in ln for w in ("malloc", "free()", "corrupt", "Error",
+                                                             "error", "Fatal", "Segmentation"))]
+    last = (telling or [""])[-1]
+    return f"{how}: {last[:200]}" if last else how
 
 
 def _child_main(argv: list[str]) -> None:
