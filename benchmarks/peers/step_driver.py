@@ -54,7 +54,7 @@ class Worker:
             raise WorkerFailed(f"{self.name}: no answer within {timeout:.0f} s") from None
         if line is None:
             code = self._process.wait()
-            raise WorkerFailed(f"{self.name}: exited with {code}; stderr ends:\n{self.stderr_tail()}")
+            raise WorkerFailed(f"{self.name}: exited with {code}: {self._died_saying()}")
         return json.loads(line)
 
     def request(self, command: str, timeout: float) -> dict:
@@ -62,12 +62,14 @@ class Worker:
             self._process.stdin.write(command + "\n")
             self._process.stdin.flush()
         except BrokenPipeError:
-            raise WorkerFailed(f"{self.name}: exited; stderr ends:\n{self.stderr_tail()}") from None
+            raise WorkerFailed(f"{self.name}: exited: {self._died_saying()}") from None
         return self.answer(timeout)
 
-    def stderr_tail(self, lines: int = 25) -> str:
+    def _died_saying(self) -> str:
+        """Last stderr line (usually the exception) first, then the tail for context."""
         self._stderr.seek(0)
-        return "\n".join(self._stderr.read().strip().splitlines()[-lines:])
+        tail = self._stderr.read().strip().splitlines()[-25:] or ["(no stderr)"]
+        return "\n".join([tail[-1], "stderr ends:", *tail])
 
     def close(self) -> None:
         if self._process.poll() is None:
@@ -96,7 +98,7 @@ def run_lockstep(
     try:
         info = _await_ready(workers, results, log)
         records: dict[str, list[dict]] = {name: [] for name in workers}
-        for step in range(config.warmup_steps + config.steps):
+        for step in range(config.warmup_steps + config.steps if workers else 0):
             for name in _rotated(list(workers), step):
                 try:
                     records[name].append(workers[name].request(f"step {step}", STEP_TIMEOUT_S))
