@@ -1,0 +1,49 @@
+"""Worker of test_distributed: trains the tiny meta model on this rank's share of T tasks.
+
+Usage: ``python -m tests.meta.meta_step_worker OUT_DIR ALGORITHM[,ALGORITHM...]`` (under
+horovodrun or alone). Rank r of N takes tasks ``[r*T/N, (r+1)*T/N)`` of every batch. Writes
+``OUT_DIR/{algorithm}_rank{r}.npz`` with the dense weights, the embedding rows of every id,
+and the collective counts of the steps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from gmeta_tf import distributed  # noqa: E402
+from gmeta_tf.meta import MetaConfig  # noqa: E402
+from tests.meta import tiny  # noqa: E402
+
+NUM_TASKS, STEPS = 8, 3
+
+
+def main(out_dir: str, algorithm: str) -> None:
+    rank, size = distributed.rank(), distributed.size()
+    config = MetaConfig(algorithm, inner_steps=2, inner_lr=0.2, learn_inner_lr=True,
+                        adapt_embeddings=("item_id",))
+    model = tiny.model(config, sparse_lr=0.1, optimizer="adagrad", multi_hot=True)
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.05))
+    step = tf.function(model.train_step)
+    share = NUM_TASKS // size
+    batches = [tiny.tasks(NUM_TASKS, seed=100 + s, multi_hot=True) for s in range(STEPS)]
+    distributed.reset_collective_counts()
+    for batch in batches:
+        step(tiny.task_slice(batch, rank * share, (rank + 1) * share))
+    counts = distributed.collective_counts()
+    ids = {"user_id": 100 + np.arange(NUM_TASKS), "item_id": np.arange(12)}
+    rows = tiny.rows_of(model, ids)
+    np.savez(os.path.join(out_dir, f"{algorithm}_rank{rank}.npz"),
+             **{f"dense:{v.name}": v.numpy() for v in model.slow_variables},
+             **{f"rows:{k}": v for k, v in rows.items()},
+             **{f"count:{k}": v for k, v in counts.items()})
+
+
+if __name__ == "__main__":
+    for name in sys.argv[2].split(","):
+        main(sys.argv[1], name)
