@@ -157,3 +157,12 @@ def barrier() -> None:
     hvd = _hvd()
     if hvd is not None and hvd.size() > 1:
         hvd.allreduce(tf.constant(0.0), name="gmeta_barrier")
+
+
+def sum_over_ranks(values) -> list[int]:
+    """Element-wise sum of a list of integers over all ranks (every rank gets it)."""
+    tensor = tf.constant(list(values), tf.int64)
+    hvd = _hvd()
+    if hvd is not None and hvd.size() > 1:
+        tensor = hvd.allreduce(tensor, op=hvd.Sum, name="gmeta_sum_over_ranks")
+    return [int(v) for v in tensor.numpy()]
