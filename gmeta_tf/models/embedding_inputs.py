@@ -26,7 +26,11 @@ def embedding_inputs(features: Mapping[str, tf.Tensor], names: Sequence[str]) ->
         if name not in features:
             raise KeyError(f"feature {name!r} not in the batch; it has {sorted(features)}")
         ids = features[name]
-        if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) or ids.shape.rank == 1:
+        if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+            out[name] = ids
+            continue
+        ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank == 1:
             out[name] = ids
         elif ids.shape.rank == 2:
             out[name] = _drop_padding(ids)
