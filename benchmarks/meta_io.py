@@ -97,7 +97,8 @@ def time_task_batches(path: str, reader: str, budget_s: float) -> dict:
     except (data.DataError, tf.errors.OpError) as e:
         message = str(e).splitlines()[0]
         status = "crashed" if "died in its child process" in message else "error"
-        return {"status": status, "rows_per_s": 0, "error": message[message.find("/"):][:300]}
+        start = message.find("ReaderCrashed: ")  # drop tf.data's wrapper text
+        return {"status": status, "rows_per_s": 0, "error": message[max(start, 0):][:300]}
 
 
 def time_tfio_plain_scan(path: str, budget_s: float) -> dict:
