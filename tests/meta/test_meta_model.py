@@ -1,0 +1,100 @@
+"""MetaModel behaviour: configuration errors, padding, serving, Keras fit on Meta-IO data."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from gmeta_tf import data
+from gmeta_tf.meta import MetaConfig, evaluate_tasks, fine_tuned_predictions, task_rows
+from gmeta_tf.models import CTRModel
+from tests.meta import tiny
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"inner_steps": 0}, "inner_steps=0, expected an int >= 1"),
+    ({"inner_steps": 1.5}, "inner_steps=1.5"),
+    ({"algorithm": "protonet"}, "algorithm='protonet', expected one of"),
+    ({"inner_lr": -0.1}, "inner_lr=-0.1"),
+])
+def test_bad_config_names_the_key_and_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MetaConfig(**kwargs)
+
+
+def test_unknown_fast_weights_or_embedding_feature_are_named():
+    with pytest.raises(ValueError, match="selector 'top' matches no weight"):
+        tiny.model(MetaConfig(fast_weights=("top",)))
+    with pytest.raises(ValueError, match=r"adapt_embeddings \['genres'\] are not sparse"):
+        tiny.model(MetaConfig(adapt_embeddings=("genres",)))
+
+
+def test_batch_missing_a_feature_is_named():
+    model = tiny.model(MetaConfig())
+    batch = tiny.tasks(2)
+    del batch["query"]["rating"]
+    with pytest.raises(KeyError, match=r"role 'query' lacks \['rating'\]"):
+        model.meta_gradients(batch)
+
+
+def test_padding_rows_change_nothing():
+    batch = tiny.tasks(3, seed=4)
+    padded = {"task_id": batch["task_id"], **{r: {} for r in ("support", "query")}}
+    for role in ("support", "query"):
+        for k, v in batch[role].items():
+            extra = np.full((3, 2, *v.shape[2:]), 7 if k != "mask" else 0, v.dtype)
+            padded[role][k] = np.concatenate([v, extra], axis=1)
+    grads = []
+    for b in (batch, padded):
+        model = tiny.model(MetaConfig("maml", inner_steps=2, inner_lr=0.2))
+        grads.append([g.numpy() for g in model.meta_gradients(b)[2]])
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_serving_adapts_one_task_like_the_batched_evaluation():
+    model = tiny.model(MetaConfig("maml", inner_steps=3, inner_lr=0.2,
+                                  adapt_embeddings=("item_id",)), multi_hot=True)
+    batch = tiny.tasks(3, seed=8, multi_hot=True)
+    for role in ("support", "query"):  # no padding: serve() takes real rows only
+        batch[role]["mask"][:] = 1.0
+        batch[role]["item_id"][batch[role]["item_id"] < 0] = 5
+    model.meta_gradients(batch)  # insert and train a little
+    batched = model.adapted_predictions(batch).numpy()
+    unadapted = model.adapted_predictions(batch, steps=0).numpy()
+    t = 1
+    support = {k: v[t] for k, v in batch["support"].items() if k != "mask"}
+    query = {k: v[t] for k, v in batch["query"].items() if k not in ("mask", "rating")}
+    np.testing.assert_allclose(model.serve(support, query).numpy(), batched[t], rtol=1e-5)
+    assert np.abs(batched - unadapted).max() > 1e-4  # adaptation changed the predictions
+
+
+def test_meta_sgd_learns_the_inner_rates():
+    model = tiny.model(MetaConfig("maml", inner_steps=1, inner_lr=0.1, learn_inner_lr=True))
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.05))
+    for s in range(3):
+        model.train_step(tiny.tasks(4, seed=s))
+    rates = [float(v.numpy()) for v in model.inner_lr_variables.values()]
+    assert len(rates) == 4 and any(abs(r - 0.1) > 1e-5 for r in rates)
+
+
+@pytest.mark.shared_data
+def test_meta_and_baseline_train_and_evaluate_on_movielens(shared_data, tmp_path):
+    path = str(tmp_path / "ml")
+    data.convert_movielens(str(shared_data / "ml-100k"), path, seed=0)
+    warm = data.read_tasks(path, 16, 16, 10, split="warm", shuffle_seed=0).take(6)
+    model = tiny.model(MetaConfig("fomaml", inner_steps=2, inner_lr=0.05), optimizer="adagrad",
+                       sparse_lr=0.05, multi_hot=True)
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-3))
+    history = model.fit(warm, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    cold = data.read_tasks(path, 16, None, 10, split="cold").take(2)
+    report = evaluate_tasks(model.adapted_predictions, cold, model.head, k=3,
+                            binary_label="label")
+    assert report.overall["tasks"] == 32 and 0.0 <= report.overall["auc"] <= 1.0
+    assert 0.0 < report.overall["mae"] < 2.5
+    baseline = CTRModel(tiny.embedding(0.05, "adagrad", multi_hot=True), model.tower.__class__(
+        ["item_id", "genres"], ["user_id"], tiny.DIM, (tiny.HIDDEN,)), model.head)
+    baseline.compile(optimizer=tf.keras.optimizers.Adam(1e-3))
+    baseline.fit(warm.map(task_rows), epochs=1, verbose=0)
+    tuned = evaluate_tasks(fine_tuned_predictions(baseline, 2, 0.05), cold, baseline.head)
+    assert tuned.overall["tasks"] == 32
