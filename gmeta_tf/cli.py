@@ -1,0 +1,167 @@
+"""``gmeta``: one command for a whole pipeline, driven by one YAML config.
+
+Verbs::
+
+    gmeta data prepare --config default          # make the config's dataset (generate/convert)
+    gmeta data movielens ../shared/data/ml-100k out/ml   # any gmeta-data command, as is
+    horovodrun -np 2 -H localhost:2 gmeta train --config default [--resume | --fresh]
+    gmeta eval --config default                  # cold-start tasks: meta model vs baseline
+    gmeta export --config default                # SavedModel for stock TensorFlow Serving
+    gmeta config --config default --set train.steps=10   # print the checked config
+
+``--config`` takes a YAML file or the name of a ready pipeline in ``pipelines/``
+(default: ``default``); ``--set key.sub=value`` (repeatable) overrides any key. Bad
+configs exit with status 2 and a message naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Sequence
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from gmeta_tf.config import ConfigError, PipelineConfig, load_config  # noqa: E402
+
+log = logging.getLogger("gmeta")
+VERBS = ("train", "eval", "export", "data", "config")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gmeta", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n", 2)[2])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    train = _with_config(sub.add_parser("train", help="train (under horovodrun for many ranks)"))
+    group = train.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true",
+                       help="continue from the latest checkpoint of run_dir")
+    group.add_argument("--fresh", action="store_true",
+                       help="delete run_dir's checkpoints and start from scratch")
+    ev = _with_config(sub.add_parser("eval", help="cold-start evaluation against the baseline"))
+    ev.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
+    ex = _with_config(sub.add_parser("export", help="export a SavedModel for serving"))
+    ex.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
+    ex.add_argument("--out", help="SavedModel directory (default: export.dir)")
+    _with_config(sub.add_parser("config", help="print the checked config as YAML"))
+    sub.add_parser("data", help="'prepare' the config's dataset, or any gmeta-data command",
+                   add_help=False)
+    return parser
+
+
+def _with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--config", default=None,
+                   help="YAML file or ready pipeline name (default: 'default')")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.steps=100 (repeatable)")
+    return p
+
+
+def _prepare_parser() -> argparse.ArgumentParser:
+    p = _with_config(argparse.ArgumentParser(prog="gmeta data prepare",
+                                             description="make the config's dataset"))
+    p.add_argument("--overwrite", action="store_true", help="make it again if it exists")
+    return p
+
+
+# ---- verbs ------------------------------------------------------------------------------
+
+def _config(args: argparse.Namespace) -> PipelineConfig:
+    return load_config(args.config, args.overrides)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from gmeta_tf.training import Trainer, prepare_dataset
+    from gmeta_tf.training.dataset_prep import dataset_exists
+
+    config = _config(args)
+    if not dataset_exists(config.data.path):
+        _prepare_once(config)
+    Trainer(config, resume=args.resume, fresh=args.fresh).run()
+    return 0
+
+
+def _prepare_once(config: PipelineConfig) -> None:
+    """Rank 0 makes the dataset while the others wait."""
+    from gmeta_tf import distributed
+    from gmeta_tf.training import prepare_dataset
+
+    distributed.init()
+    if distributed.is_chief():
+        prepare_dataset(config)
+    distributed.barrier()
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from gmeta_tf.training.cold_start import evaluate_pipeline
+
+    result = evaluate_pipeline(_config(args), args.checkpoint)
+    print(result["table"])
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from gmeta_tf.serving import export_pipeline
+
+    info = export_pipeline(_config(args), args.checkpoint, args.out)
+    print(json.dumps(info, indent=1))
+    return 0
+
+
+def run_data(argv: Sequence[str]) -> int:
+    if argv and argv[0] == "prepare":
+        args = _prepare_parser().parse_args(argv[1:])
+        from gmeta_tf.data.cli import summary
+        from gmeta_tf.training import prepare_dataset
+
+        print(json.dumps(summary(prepare_dataset(_config(args), overwrite=args.overwrite))))
+        return 0
+    from gmeta_tf.data.cli import main as data_main
+
+    return data_main(list(argv))
+
+
+def run_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    print(yaml.safe_dump(_config(args).to_dict(), sort_keys=False), end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit code (2 for a bad config or bad data)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from gmeta_tf.training.rank_logging import setup_logging
+
+    setup_logging()
+    if argv and argv[0] == "data":
+        verb_args: argparse.Namespace | None = None
+    else:
+        verb_args = _parser().parse_args(argv)
+    try:
+        if verb_args is None:
+            return run_data(argv[1:])
+        runner = {"train": run_train, "eval": run_eval, "export": run_export,
+                  "config": run_config}[verb_args.verb]
+        return runner(verb_args)
+    except ConfigError as err:
+        print(f"gmeta: error: {err}", file=sys.stderr)
+        return 2
+    except _data_error() as err:
+        print(f"gmeta: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _data_error() -> type:
+    from gmeta_tf.data.errors import DataError
+
+    return DataError
+
+
+if __name__ == "__main__":
+    sys.exit(main())

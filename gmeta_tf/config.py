@@ -1,0 +1,462 @@
+"""The one config of a pipeline: YAML (safe-loaded) -> small validated dataclasses.
+
+A pipeline config has five sections, one dataclass each: ``data`` (where the dataset comes
+from and how batches are cut), ``model`` (tables, tower, head), ``meta`` (the inner and
+outer loops; off for a plain CTR model), ``train`` (steps, optimizer, logging, evaluation
+and checkpoint intervals) and ``eval`` / ``export``. Every key is checked against its
+field's type and range; an error names the key, the value and what is allowed::
+
+    config key 'train.steps' = -5 is not allowed: expected an integer >= 1
+
+Command-line overrides ``--set key.sub=value`` are applied to the YAML before checking
+(the value is parsed as YAML: ``--set meta.enabled=false``, ``--set model.top_units=[64,32]``).
+
+Example::
+
+    config = load_config("pipelines/default.yaml", overrides=["train.steps=50"])
+    config.train.steps, config.model.tower     # 50, 'dlrm'
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+
+#: Where the embedded default pipeline lives (shipped with the project).
+PIPELINES_DIR = Path(__file__).resolve().parents[1] / "pipelines"
+DEFAULT_PIPELINE = "default"
+
+
+class ConfigError(ValueError):
+    """A config file, key or value is not allowed."""
+
+
+# ---- the sections -----------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticConfig:
+    """Size of the generated dataset (``data.source: synthetic``)."""
+
+    tasks: int = dataclasses.field(default=8000, metadata={"min": 10})
+    rows_per_task: int = dataclasses.field(default=24, metadata={"min": 4})
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSection:
+    """The cold-start split of a converted dataset (fields of ``gmeta_tf.data.SplitConfig``);
+    None keeps the converter's default."""
+
+    warm_fraction: float | None = dataclasses.field(default=None, metadata={"min": 0.0,
+                                                                             "max": 1.0})
+    query_size: int | None = dataclasses.field(default=None, metadata={"min": 1})
+    min_rows: int | None = dataclasses.field(default=None, metadata={"min": 2})
+    max_rows: int | None = dataclasses.field(default=None, metadata={"min": 2})
+    query_selection: Literal["random", "last"] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the task-partitioned dataset comes from and how it is batched.
+
+    ``path`` is the dataset directory; when it holds no dataset yet, ``prepare`` makes it
+    from ``source``: generated (``synthetic``), converted from ``raw`` (``movielens``,
+    ``criteo``), or ``dataset`` (it must exist already). Relative paths are relative to the
+    working directory (the project root for ``make demo``).
+    """
+
+    path: str = "runs/default/data"
+    source: Literal["synthetic", "movielens", "criteo", "dataset"] = "synthetic"
+    raw: str | None = None
+    synthetic: SyntheticConfig = SyntheticConfig()
+    split: SplitSection = SplitSection()
+    seed: int = 0
+    rows_per_block: int = dataclasses.field(default=4096, metadata={"min": 1})
+    tasks_per_batch: int = dataclasses.field(default=32, metadata={"min": 1})
+    support: int | None = dataclasses.field(default=20, metadata={"min": 1})
+    query: int | None = dataclasses.field(default=5, metadata={"min": 1})
+    reader: Literal["auto", "arrow", "tfio_iotensor", "tfio_dataset"] = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSection:
+    """One hash table and the features looked up in it."""
+
+    features: tuple[str, ...] = ()
+    optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
+    learning_rate: float = dataclasses.field(default=0.05, metadata={"min_exclusive": 0.0})
+    admit_after: int = dataclasses.field(default=1, metadata={"min": 1})
+    init_scale: float = dataclasses.field(default=0.05, metadata={"min": 0.0})
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadSection:
+    """How the tower's output becomes a prediction: ``binary`` (sigmoid, log loss) or
+    ``rating`` (output + offset, squared error)."""
+
+    kind: Literal["binary", "rating"] = "binary"
+    label: str = "label"
+    offset: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Tables, tower and head.
+
+    ``tower: dlrm`` reads ``sparse_features`` (default: every feature of the tables) and
+    ``dense_features`` (name -> width); ``tower: melu`` reads ``item_features`` then
+    ``user_features``. Multi-hot features are mean-pooled.
+    """
+
+    tower: Literal["dlrm", "melu"] = "dlrm"
+    embedding_dim: int = dataclasses.field(default=8, metadata={"min": 1})
+    tables: Mapping[str, TableSection] = dataclasses.field(default_factory=dict)
+    sparse_features: tuple[str, ...] = ()
+    dense_features: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    item_features: tuple[str, ...] = ()
+    user_features: tuple[str, ...] = ()
+    hidden_units: tuple[int, ...] = (64, 64)
+    bottom_units: tuple[int, ...] = (64,)
+    top_units: tuple[int, ...] = (64, 32)
+    head: HeadSection = HeadSection()
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaSection:
+    """The meta-learning loops (``gmeta_tf.meta.MetaConfig``); ``enabled: false`` trains a
+    plain CTR model on the same rows instead."""
+
+    enabled: bool = True
+    algorithm: Literal["maml", "fomaml", "reptile"] = "maml"
+    inner_steps: int = dataclasses.field(default=1, metadata={"min": 1})
+    inner_lr: float = dataclasses.field(default=0.01, metadata={"min_exclusive": 0.0})
+    learn_inner_lr: bool = False
+    fast_weights: tuple[str, ...] = ()
+    adapt_embeddings: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The training loop."""
+
+    steps: int = dataclasses.field(default=1000, metadata={"min": 1})
+    optimizer: Literal["adam", "adagrad", "sgd"] = "adam"
+    learning_rate: float = dataclasses.field(default=0.003, metadata={"min_exclusive": 0.0})
+    shuffle_seed: int = 0
+    log_every: int = dataclasses.field(default=50, metadata={"min": 1})
+    eval_every: int = dataclasses.field(default=0, metadata={"min": 0})
+    eval_batches: int = dataclasses.field(default=4, metadata={"min": 1})
+    checkpoint_every: int = dataclasses.field(default=0, metadata={"min": 0})
+    keep_checkpoints: int = dataclasses.field(default=3, metadata={"min": 1})
+    baseline: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Cold-start evaluation (``gmeta eval``)."""
+
+    split: str = "cold"
+    tasks_per_batch: int = dataclasses.field(default=64, metadata={"min": 1})
+    adapt_steps: int | None = dataclasses.field(default=None, metadata={"min": 0})
+    baseline_steps: int = dataclasses.field(default=3, metadata={"min": 0})
+    baseline_lr: float = dataclasses.field(default=0.1, metadata={"min_exclusive": 0.0})
+    ndcg_k: int = dataclasses.field(default=3, metadata={"min": 1})
+    binary_label: str | None = None
+    relevance_label: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """The serving SavedModel (``gmeta export``)."""
+
+    dir: str = "runs/default/export"
+    adaptation: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """A whole pipeline: data -> train -> eval -> export."""
+
+    name: str = "default"
+    run_dir: str = "runs/default"
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    meta: MetaSection = MetaSection()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    export: ExportConfig = ExportConfig()
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return os.path.join(self.run_dir, "checkpoints")
+
+    @property
+    def tensorboard_dir(self) -> str:
+        return os.path.join(self.run_dir, "tensorboard")
+
+    def to_dict(self) -> dict:
+        """Plain dict (tuples as lists), what ``dump_config`` writes."""
+        return _plain(dataclasses.asdict(self))
+
+
+# ---- loading ----------------------------------------------------------------------------
+
+def resolve_pipeline(name_or_path: str | os.PathLike | None) -> Path:
+    """A config path: a file path, or the name of a ready pipeline in ``pipelines/``."""
+    if name_or_path is None:
+        name_or_path = DEFAULT_PIPELINE
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = PIPELINES_DIR / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return shipped
+    ready = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml"))
+    raise ConfigError(f"config {str(name_or_path)!r} is neither a file nor a ready pipeline; "
+                      f"ready pipelines: {ready}")
+
+
+def load_config(name_or_path: str | os.PathLike | None = None,
+                overrides: Sequence[str] = ()) -> PipelineConfig:
+    """Loads, overrides and checks a pipeline config.
+
+    Args:
+        name_or_path: A YAML file, or a ready pipeline's name (default "default").
+        overrides: ``"key.sub=value"`` strings, values parsed as YAML.
+
+    Returns:
+        The checked config; relative paths in it are made absolute against the current
+        working directory (run from the project root for the ready pipelines).
+
+    Raises:
+        ConfigError: Unreadable YAML, an unknown key, or a value of the wrong type or range.
+    """
+    path = resolve_pipeline(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path}: not valid YAML ({err})") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top, got "
+                          f"{type(raw).__name__}")
+    for item in overrides:
+        apply_override(raw, item)
+    config = from_dict(raw)
+    return _absolute_paths(config, Path.cwd())
+
+
+def from_dict(raw: Mapping[str, Any]) -> PipelineConfig:
+    """Checks a plain dict (as YAML gives it) into a ``PipelineConfig``."""
+    config = _build(PipelineConfig, raw, "")
+    check_consistency(config)
+    return config
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """Applies one ``key.sub=value`` override to a raw config dict, in place."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} is not allowed: expected KEY.SUB=VALUE, "
+                          f"e.g. train.steps=100")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({err})") from err
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: config key "
+                              f"'{'.'.join(parts[:i + 1])}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def dump_config(config: PipelineConfig, path: str | os.PathLike) -> None:
+    """Writes the resolved config as YAML (the run directory keeps a copy)."""
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+# ---- checking ---------------------------------------------------------------------------
+
+def _fail(key: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"config key '{key}' = {value!r} is not allowed: expected {expected}")
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _build(cls: type, raw: Any, prefix: str):
+    """A dataclass from a mapping, every field checked; ``prefix`` is its key path."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise _fail(prefix or "<top>", raw, f"a mapping with keys "
+                    f"{[f.name for f in dataclasses.fields(cls)]}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in raw if k not in fields]
+    if unknown:
+        key = _join(prefix, str(unknown[0]))
+        raise ConfigError(f"config key '{key}' is not allowed: unknown key; "
+                          f"'{prefix or '<top>'}' allows {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in raw.items():
+        key = _join(prefix, name)
+        values[name] = _convert(hints[name], value, key)
+        _check_range(fields[name].metadata, values[name], key)
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, key: str):
+    """Checks (and normalizes) one value against a type hint."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, key)
+    if origin is Literal:
+        if value not in args:
+            raise _fail(key, value, f"one of {list(args)}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key)
+    if origin is tuple:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise _fail(key, value, f"a list of {_type_name(args[0])}")
+        return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, collections.abc.Mapping):
+        if not isinstance(value, Mapping):
+            raise _fail(key, value, f"a mapping of name -> {_type_name(args[1])}")
+        return {str(k): _convert(args[1], v, _join(key, str(k))) for k, v in value.items()}
+    return _scalar(hint, value, key)
+
+
+def _scalar(hint: Any, value: Any, key: str):
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _fail(key, value, "true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(key, value, "an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _fail(key, value, "a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str) or not value:
+            raise _fail(key, value, "a non-empty string")
+        return value
+    raise TypeError(f"config field '{key}' has an unsupported type {hint!r}")
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return f"one of {list(typing.get_args(hint))}"
+    return {int: "integers", float: "numbers", str: "strings", bool: "booleans"}.get(
+        hint, getattr(hint, "__name__", str(hint)))
+
+
+def _check_range(metadata: Mapping[str, Any], value: Any, key: str) -> None:
+    if value is None or not metadata:
+        return
+    for item in value if isinstance(value, tuple) else (value,):
+        if "min" in metadata and item < metadata["min"]:
+            kind = "an integer" if isinstance(item, int) else "a number"
+            raise _fail(key, value, f"{kind} >= {metadata['min']}")
+        if "max" in metadata and item > metadata["max"]:
+            raise _fail(key, value, f"a number <= {metadata['max']}")
+        if "min_exclusive" in metadata and item <= metadata["min_exclusive"]:
+            raise _fail(key, value, f"a number > {metadata['min_exclusive']}")
+
+
+def check_consistency(config: PipelineConfig) -> None:
+    """Checks that depend on several keys (tables, tower features, meta options).
+
+    Raises:
+        ConfigError: e.g. a tower feature that no table embeds.
+    """
+    model = config.model
+    if not model.tables:
+        raise _fail("model.tables", {}, "at least one table: name -> {features: [...]}")
+    embedded: dict[str, str] = {}
+    for table, spec in model.tables.items():
+        if not spec.features:
+            raise _fail(f"model.tables.{table}.features", spec.features,
+                        "a non-empty list of feature names")
+        for f in spec.features:
+            if f in embedded:
+                raise _fail(f"model.tables.{table}.features", list(spec.features),
+                            f"each feature in one table only ('{f}' is also in "
+                            f"'{embedded[f]}')")
+            embedded[f] = table
+    for key in _tower_feature_keys(model):
+        for f in getattr(model, key):
+            if f not in embedded:
+                raise _fail(f"model.{key}", list(getattr(model, key)),
+                            f"features embedded by a table ({sorted(embedded)})")
+    if model.tower == "melu" and not (model.item_features or model.user_features):
+        raise _fail("model.item_features", [], "item_features and/or user_features for "
+                    "tower 'melu'")
+    if model.tower == "melu" and model.dense_features:
+        raise _fail("model.dense_features", dict(model.dense_features),
+                    "no dense features for tower 'melu' (use tower 'dlrm')")
+    tower_sparse = tower_sparse_features(model)
+    for f in config.meta.adapt_embeddings:
+        if f not in tower_sparse:
+            raise _fail("meta.adapt_embeddings", list(config.meta.adapt_embeddings),
+                        f"sparse features of the tower ({list(tower_sparse)})")
+    if config.data.source in ("movielens", "criteo") and not config.data.raw:
+        raise _fail("data.raw", config.data.raw,
+                    f"the raw input path for data.source '{config.data.source}'")
+
+
+def _tower_feature_keys(model: ModelConfig) -> tuple[str, ...]:
+    return ("sparse_features",) if model.tower == "dlrm" else ("item_features",
+                                                              "user_features")
+
+
+def tower_sparse_features(model: ModelConfig) -> tuple[str, ...]:
+    """The embedded features the tower reads, in order."""
+    if model.tower == "melu":
+        return tuple(model.item_features) + tuple(model.user_features)
+    if model.sparse_features:
+        return tuple(model.sparse_features)
+    return tuple(f for spec in model.tables.values() for f in spec.features)
+
+
+# ---- paths ------------------------------------------------------------------------------
+
+def _absolute(path: str | None, root: Path) -> str | None:
+    if path is None or "://" in path or os.path.isabs(path):
+        return path
+    return str((root / path).resolve())
+
+
+def _absolute_paths(config: PipelineConfig, root: Path) -> PipelineConfig:
+    data = dataclasses.replace(config.data, path=_absolute(config.data.path, root),
+                               raw=_absolute(config.data.raw, root))
+    export = dataclasses.replace(config.export, dir=_absolute(config.export.dir, root))
+    return dataclasses.replace(config, run_dir=_absolute(config.run_dir, root), data=data,
+                               export=export)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,184 @@
+"""Builds the models of a pipeline config: embeddings, tower, head, meta model, baseline.
+
+The dataset's schema (its manifest) says which features are multi-hot (mean-pooled) and
+checks that every configured feature exists, so a typo fails before any training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from gmeta_tf import data as meta_io
+from gmeta_tf.config import ConfigError, ModelConfig, PipelineConfig, tower_sparse_features
+from gmeta_tf.embedding import FeatureConfig, ShardedHashEmbedding, TableConfig
+from gmeta_tf.meta import MetaConfig, MetaModel
+from gmeta_tf.models import BinaryHead, CTRModel, DLRMTower, Head, MeLUTower, RatingHead
+from gmeta_tf.models.tower import Tower
+from gmeta_tf.training.devices import Placement
+
+MODEL_EMBEDDING = "embedding"
+BASELINE_EMBEDDING = "baseline_embedding"
+_OPTIMIZERS = {"adam": tf.keras.optimizers.Adam, "adagrad": tf.keras.optimizers.Adagrad,
+               "sgd": tf.keras.optimizers.SGD}
+
+
+@dataclasses.dataclass
+class Models:
+    """What a pipeline trains: the main model and, optionally, the non-meta baseline.
+
+    Attributes:
+        model: A ``MetaModel`` (``meta.enabled``) or a ``CTRModel``.
+        baseline: A ``CTRModel`` with the same tower trained on the same rows, or None.
+        state: A ``tf.Module`` holding both models (what checkpoints save).
+        optimizers: A ``tf.Module`` holding their Keras optimizers.
+    """
+
+    model: tf.keras.Model
+    baseline: CTRModel | None
+    state: tf.Module
+    optimizers: tf.Module
+
+    @property
+    def is_meta(self) -> bool:
+        return isinstance(self.model, MetaModel)
+
+
+def dataset_schema(config: PipelineConfig) -> meta_io.Schema:
+    """The schema of the config's dataset (it must exist: see ``prepare_dataset``)."""
+    return meta_io.Manifest.load(config.data.path).schema
+
+
+def _check_features(model: ModelConfig, schema: meta_io.Schema) -> None:
+    names = {f.name: f for f in schema.features}
+    for table, spec in model.tables.items():
+        for f in spec.features:
+            if f not in names or names[f].kind.value not in ("sparse", "multi_hot"):
+                raise ConfigError(f"config key 'model.tables.{table}.features' names {f!r}, "
+                                  f"which is not a sparse feature of the dataset; its sparse "
+                                  f"features are {_of_kind(schema, 'sparse', 'multi_hot')}")
+    for f, width in model.dense_features.items():
+        if f not in names or names[f].kind.value != "dense" or names[f].dim != width:
+            raise ConfigError(f"config key 'model.dense_features.{f}' = {width!r} is not allowed: "
+                              f"expected a dense feature of the dataset with its width, one of "
+                              f"{ {n: names[n].dim for n in _of_kind(schema, 'dense')} }")
+    labels = _of_kind(schema, "label")
+    if model.head.label not in labels:
+        raise ConfigError(f"config key 'model.head.label' = {model.head.label!r} is not "
+                          f"allowed: expected a label of the dataset, one of {labels}")
+
+
+def _of_kind(schema: meta_io.Schema, *kinds: str) -> list[str]:
+    return [f.name for f in schema.features if f.kind.value in kinds]
+
+
+def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> ShardedHashEmbedding:
+    """The sharded hash embedding of the config's tables (multi-hot features mean-pooled)."""
+    multi_hot = set(_of_kind(schema, "multi_hot"))
+    tables, features = [], []
+    for table, spec in model.tables.items():
+        optimizer = {"name": spec.optimizer, "learning_rate": spec.learning_rate}
+        tables.append(TableConfig(table, model.embedding_dim, optimizer=optimizer,
+                                  admit_after=spec.admit_after, init_scale=spec.init_scale,
+                                  seed=model.seed))
+        features += [FeatureConfig(f, table, combiner="mean" if f in multi_hot else None)
+                     for f in spec.features]
+    return ShardedHashEmbedding(tables, features, name=name)
+
+
+def make_tower(model: ModelConfig, name: str) -> Tower:
+    """The dense tower of the config."""
+    if model.tower == "melu":
+        return MeLUTower(model.item_features, model.user_features, model.embedding_dim,
+                         model.hidden_units, seed=model.seed, name=name)
+    return DLRMTower(tower_sparse_features(model), model.embedding_dim,
+                     dict(model.dense_features) or None, model.bottom_units, model.top_units,
+                     seed=model.seed, name=name)
+
+
+def make_head(model: ModelConfig) -> Head:
+    if model.head.kind == "rating":
+        return RatingHead(model.head.label, model.head.offset)
+    return BinaryHead(model.head.label)
+
+
+def meta_config(config: PipelineConfig) -> MetaConfig:
+    m = config.meta
+    return MetaConfig(m.algorithm, m.inner_steps, m.inner_lr, m.learn_inner_lr,
+                      m.fast_weights, m.adapt_embeddings)
+
+
+def keras_optimizer(config: PipelineConfig) -> tf.keras.optimizers.Optimizer:
+    return _OPTIMIZERS[config.train.optimizer](config.train.learning_rate)
+
+
+def build_models(config: PipelineConfig, placement: Placement | None = None,
+                 with_baseline: bool | None = None) -> Models:
+    """Creates (and builds, so a checkpoint can be restored into them) the config's models.
+
+    Args:
+        config: The pipeline config.
+        placement: Devices of the tables and of the dense tower (default: CPU for both).
+        with_baseline: Also build the baseline; default ``train.baseline`` for a meta model.
+
+    Returns:
+        The models, their optimizers, and the module a checkpoint saves.
+    """
+    placement = placement or Placement.cpu()
+    schema = dataset_schema(config)
+    _check_features(config.model, schema)
+    if with_baseline is None:
+        with_baseline = config.train.baseline and config.meta.enabled
+    head = make_head(config.model)
+    with tf.device(placement.tables):
+        embedding = make_embedding(config.model, schema, MODEL_EMBEDDING)
+        baseline_embedding = (make_embedding(config.model, schema, BASELINE_EMBEDDING)
+                              if with_baseline else None)
+    with tf.device(placement.dense):
+        tower = make_tower(config.model, "tower")
+        try:
+            if config.meta.enabled:
+                model = MetaModel(embedding, tower, head, meta_config(config), name="meta_model")
+            else:
+                model = CTRModel(embedding, tower, head, name="ctr_model")
+        except ValueError as err:  # e.g. a fast_weights selector matching nothing
+            raise ConfigError(f"config section 'meta' is not allowed: {err}") from err
+        baseline = (CTRModel(baseline_embedding, make_tower(config.model, "baseline_tower"),
+                             head, name="baseline_model") if with_baseline else None)
+        optimizers = tf.Module(name="optimizers")
+        optimizers.model = keras_optimizer(config)
+        model.compile(optimizer=optimizers.model)
+        if baseline is not None:
+            optimizers.baseline = keras_optimizer(config)
+            baseline.compile(optimizer=optimizers.baseline)
+        _build_variables(model, optimizers.model)
+        if baseline is not None:
+            _build_variables(baseline, optimizers.baseline)
+    state = tf.Module(name="state")
+    state.model = model
+    if baseline is not None:
+        state.baseline = baseline
+    return Models(model, baseline, state, optimizers)
+
+
+def dense_slow_variables(model: tf.keras.Model) -> list[tf.Variable]:
+    """The dense variables the Keras optimizer updates."""
+    if isinstance(model, MetaModel):
+        return model.slow_variables
+    return model.tower.trainable_variables
+
+
+def _build_variables(model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer) -> None:
+    """Creates every variable without touching the tables, so a restore can fill them."""
+    model.tower.params()
+    model.embedding(empty_inputs(model.embedding), training=False)
+    optimizer.build(dense_slow_variables(model))
+
+
+def empty_inputs(embedding: ShardedHashEmbedding) -> dict:
+    """Zero ids for every feature of an embedding (a read of nothing)."""
+    empty = tf.zeros([0], tf.int64)
+    return {f.name: empty if f.combiner is None
+            else tf.RaggedTensor.from_row_lengths(empty, tf.zeros([0], tf.int64))
+            for f in embedding.feature_configs}

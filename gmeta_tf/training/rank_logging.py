@@ -1,0 +1,25 @@
+"""Logging with rank prefixes: every line says which rank of how many wrote it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from gmeta_tf import distributed
+
+_FORMAT = "[rank {rank}/{size}] %(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Sends log records to stderr as ``[rank r/n] time LEVEL logger: message``.
+
+    Rank 0 logs at ``level``; the other ranks log warnings and errors only, so a
+    multi-rank run stays readable.
+    """
+    rank, size = distributed.rank(), distributed.size()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_FORMAT.format(rank=rank, size=size),
+                                           datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level if rank == 0 else max(level, logging.WARNING))

@@ -1,0 +1,299 @@
+"""The training loop of ``gmeta train``: one code path for one rank and many.
+
+Every rank reads its share of the warm tasks (Meta-IO shards whole tasks over ranks),
+runs the meta step (or the plain CTR step) and, with ``train.baseline``, the baseline's
+step on the same rows. Rank 0 draws the progress bar and writes TensorBoard scalars;
+figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are summed or
+averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
+table shards) are written every ``train.checkpoint_every`` steps and at the end;
+``resume=True`` restores the latest one and continues with the very batches an
+uninterrupted run would have taken, so it ends with the same weights.
+
+Example::
+
+    config = load_config("default", ["train.steps=200"])
+    result = Trainer(config, fresh=True).run()
+    result.final_loss, result.checkpoint
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from gmeta_tf import checkpoint, distributed
+from gmeta_tf import data as meta_io
+from gmeta_tf.config import ConfigError, PipelineConfig, dump_config
+from gmeta_tf.meta import task_rows
+from gmeta_tf.training.devices import configure_devices
+from gmeta_tf.training.evaluation import periodic_metrics, sum_over_ranks
+from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
+from gmeta_tf.training.progress import ProgressBar
+
+log = logging.getLogger(__name__)
+SUMMARY_FILE = "train_summary.json"
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a run did (rank 0 also writes it to ``<run_dir>/train_summary.json``)."""
+
+    start_step: int
+    steps: int
+    seconds: float
+    samples: int
+    final_loss: float
+    baseline_loss: float | None
+    checkpoint: str
+    world_size: int
+    table_rows: dict[str, int]
+    alltoall_bytes_per_step: float
+    eval: dict[str, float]
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / max(self.seconds, 1e-9)
+
+
+class Trainer:
+    """Trains a pipeline's models.
+
+    Args:
+        config: The pipeline config.
+        resume: Continue from the latest complete checkpoint of ``run_dir`` (starts from
+            scratch when there is none).
+        fresh: Delete earlier checkpoints of ``run_dir`` and start from scratch.
+
+    Raises:
+        ConfigError: Checkpoints exist but neither ``resume`` nor ``fresh`` was given, or
+            the data is too small for one batch per rank.
+    """
+
+    def __init__(self, config: PipelineConfig, resume: bool = False, fresh: bool = False):
+        if resume and fresh:
+            raise ConfigError("--resume and --fresh exclude each other")
+        self.config, self.resume, self.fresh = config, resume, fresh
+        distributed.init()
+        self.rank, self.size = distributed.rank(), distributed.size()
+        self.placement = configure_devices()
+        self.ckpt_dir = Path(config.checkpoint_dir)
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _start_step(self, models: Models) -> int:
+        self._clear_if_fresh()
+        latest = checkpoint.latest(self.ckpt_dir)
+        if latest is None:
+            return 0
+        if not self.resume:
+            raise ConfigError(f"run_dir {self.config.run_dir} already has checkpoints "
+                              f"(latest {latest.name}): pass --resume to continue from it or "
+                              f"--fresh to start over")
+        manifest = checkpoint.restore(latest, models.state, models.optimizers)
+        log.info("resumed from %s (step %d, saved by %d ranks)", latest, manifest["step"],
+                 manifest["world_size"])
+        return int(manifest["step"])
+
+    def _clear_if_fresh(self) -> None:
+        if self.fresh and self.rank == 0 and self.ckpt_dir.exists():
+            shutil.rmtree(self.ckpt_dir)
+        distributed.barrier()
+
+    def _batches(self, start_step: int) -> Iterator[dict]:
+        d, t = self.config.data, self.config.train
+        dataset = meta_io.TaskDataset(d.path, "warm", reader=d.reader, verify="size")
+        if dataset.steps_per_epoch(d.tasks_per_batch) < 1:
+            raise ConfigError(f"config key 'data.tasks_per_batch' = {d.tasks_per_batch} is not "
+                              f"allowed: expected at most the warm tasks of each rank's share "
+                              f"(rank {self.rank} of {self.size} has {dataset.num_tasks})")
+        batches = dataset.tasks(d.tasks_per_batch, d.support, d.query,
+                                shuffle_seed=t.shuffle_seed, epochs=None, equal_steps=True)
+        # The stream is a pure function of the seed: skipping the steps already taken
+        # makes a resumed run see exactly the batches of an uninterrupted one.
+        return iter(batches.skip(start_step))
+
+    def _step_function(self, models: Models):
+        model, baseline = models.model, models.baseline
+
+        @tf.function(reduce_retracing=True)
+        def step(batch):
+            out = model.train_step(batch)
+            if baseline is not None:
+                out["baseline_loss"] = baseline.train_step(task_rows(batch))["loss"]
+            return out
+
+        @tf.function(reduce_retracing=True)
+        def ctr_step(batch):
+            return model.train_step(task_rows(batch))
+
+        return step if models.is_meta else ctr_step
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        """Trains to ``train.steps``; returns (and on rank 0 writes) the run's summary."""
+        config, t = self.config, self.config.train
+        models = build_models(config, self.placement)
+        start = self._start_step(models)
+        if start == 0:
+            variables = dense_slow_variables(models.model)
+            if models.baseline is not None:
+                variables += dense_slow_variables(models.baseline)
+            distributed.broadcast_variables(variables)
+        self._write_config()
+        step_fn = self._step_function(models)
+        batches = self._batches(start)
+        tensorboard = _Scalars(config.tensorboard_dir if self.rank == 0 else None)
+        bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
+        meter = _Meter()
+        last_ckpt, out, eval_metrics = None, {}, {}
+        log.info("training %s from step %d to %d on %d rank(s), devices: tables %s, dense %s",
+                 config.name, start, t.steps, self.size, self.placement.tables,
+                 self.placement.dense)
+        for step in range(start + 1, t.steps + 1):
+            batch = next(batches)
+            out = step_fn(batch)
+            meter.add(_real_rows(batch))
+            if step % t.log_every == 0 or step == t.steps:
+                self._report(step, out, models, meter, bar, tensorboard)
+            if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
+                eval_metrics = self._evaluate(step, models, tensorboard)
+            if t.checkpoint_every and step % t.checkpoint_every == 0:
+                last_ckpt = self._save(models, step)
+        bar.close()
+        if last_ckpt is None or not last_ckpt.name.endswith(f"-{t.steps}"):
+            last_ckpt = self._save(models, t.steps)
+        result = self._result(start, models, meter, out, last_ckpt, eval_metrics)
+        tensorboard.close()
+        return result
+
+    def _report(self, step: int, out: dict, models: Models, meter: "_Meter", bar: ProgressBar,
+                tensorboard: "_Scalars") -> None:
+        losses = {k: float(v) for k, v in out.items()}
+        names = sorted(losses)
+        mean = sum_over_ranks(np.array([losses[k] for k in names])) / self.size
+        losses = dict(zip(names, mean))
+        samples, seconds = meter.since_last()
+        samples = float(sum_over_ranks(np.array([samples]))[0])
+        rate = samples / max(seconds, 1e-9)
+        sizes = self._table_rows(models)
+        alltoall = self._alltoall_bytes()
+        bar.update(step, rate, {k: losses[k] for k in ("loss", "baseline_loss") if k in losses})
+        scalars = {**{f"train/{k}": v for k, v in losses.items()},
+                   "train/samples_per_sec": rate,
+                   "collectives/alltoall_bytes_total": alltoall,
+                   **{f"tables/{k}_rows": v for k, v in sizes.items()}}
+        tensorboard.write(step, scalars)
+
+    def _evaluate(self, step: int, models: Models, tensorboard: "_Scalars") -> dict[str, float]:
+        metrics = periodic_metrics(models, self.config)
+        if metrics:
+            log.info("step %d eval (%s split, %d query rows): %s", step, self.config.eval.split,
+                     int(metrics["rows"]), ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
+                                                     if k != "rows"))
+            tensorboard.write(step, {f"eval/{k}": v for k, v in metrics.items()})
+        else:
+            log.warning("step %d eval: the %s split gives no batch of %d tasks per rank",
+                        step, self.config.eval.split, self.config.eval.tasks_per_batch)
+        return metrics
+
+    def _table_rows(self, models: Models) -> dict[str, int]:
+        sizes = models.model.embedding.table_sizes()
+        names = sorted(sizes)
+        total = sum_over_ranks(np.array([sizes[n] for n in names], np.float64))
+        return {n: int(round(v)) for n, v in zip(names, total)}
+
+    def _alltoall_bytes(self) -> float:
+        """All-to-all payload bytes (forward and backward) sent by all ranks so far."""
+        counts = distributed.collective_counts()
+        mine = counts["alltoall_bytes"] + counts["alltoall_grad_bytes"]
+        return float(sum_over_ranks(np.array([mine], np.float64))[0])
+
+    def _save(self, models: Models, step: int) -> Path:
+        path = checkpoint.save(self.ckpt_dir, models.state, step, models.optimizers)
+        log.info("checkpoint %s", path)
+        if self.rank == 0:
+            for old in checkpoint.complete_checkpoints(self.ckpt_dir)[:-self.config.train
+                                                                       .keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        distributed.barrier()
+        return path
+
+    def _write_config(self) -> None:
+        if self.rank == 0:
+            os.makedirs(self.config.run_dir, exist_ok=True)
+            dump_config(self.config, os.path.join(self.config.run_dir, "config.yaml"))
+
+    def _result(self, start: int, models: Models, meter: "_Meter", out: dict, ckpt: Path,
+                eval_metrics: dict) -> TrainResult:
+        samples = float(sum_over_ranks(np.array([meter.total], np.float64))[0])
+        loss = float(sum_over_ranks(np.array([float(out.get("loss", np.nan))]))[0]) / self.size
+        baseline = None
+        if "baseline_loss" in out:
+            baseline = float(sum_over_ranks(np.array([float(out["baseline_loss"])]))[0]
+                             ) / self.size
+        steps = self.config.train.steps - start
+        result = TrainResult(start, self.config.train.steps, meter.elapsed, int(samples), loss,
+                             baseline, str(ckpt), self.size, self._table_rows(models),
+                             self._alltoall_bytes() / max(steps, 1), eval_metrics)
+        if self.rank == 0:
+            summary = {**dataclasses.asdict(result), "samples_per_sec": result.samples_per_sec}
+            Path(self.config.run_dir, SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+            log.info("done: %d steps in %.1fs, %.0f samples/s, loss %.4f, checkpoint %s",
+                     steps, result.seconds, result.samples_per_sec, loss, ckpt)
+        return result
+
+
+def _real_rows(batch: dict) -> int:
+    return int(sum(float(tf.reduce_sum(batch[r]["mask"])) for r in ("support", "query")))
+
+
+class _Meter:
+    """Counts samples and time, in total and since the last report."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._since = 0
+        self._start = self._last = time.perf_counter()
+
+    def add(self, samples: int) -> None:
+        self.total += samples
+        self._since += samples
+
+    def since_last(self) -> tuple[int, float]:
+        now = time.perf_counter()
+        out = (self._since, now - self._last)
+        self._since, self._last = 0, now
+        return out
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+
+class _Scalars:
+    """TensorBoard scalars (rank 0 only; a no-op elsewhere)."""
+
+    def __init__(self, log_dir: str | None) -> None:
+        self.writer = tf.summary.create_file_writer(log_dir) if log_dir else None
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        if self.writer is None:
+            return
+        with self.writer.as_default(step=step):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, float(value))
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
