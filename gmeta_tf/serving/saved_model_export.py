@@ -1,0 +1,172 @@
+"""Exports a trained model as a SavedModel that stock TensorFlow (and TF Serving) runs.
+
+The hash tables become ``StaticEmbedding`` variables (every rank's shard: the checkpoint
+is restored in one process, which reads all shard files); the tower's weights are saved
+as they are and its math, the heads and the meta model's inner loop are traced into the
+graph. Nothing in the SavedModel needs gmeta-tf or its op library.
+
+Signatures:
+
+* ``serving_default``: the raw feature columns of a batch of rows -> ``{"scores": [B]}``.
+  Sparse features are int64 ``[B]``, multi-hot ones int64 ``[B, W]`` padded with -1,
+  dense ones float32 ``[B]`` (or ``[B, D]``). Unknown ids read the default row.
+* ``adapt`` (meta models, ``export.adaptation``): one new task's labelled support rows
+  (``support_<feature>``, ``support_<label>``) and its query rows (``query_<feature>``)
+  -> ``{"scores": [Q]}`` after the meta model's inner loop on the support rows.
+
+The layout is TF Serving's: ``<export.dir>/<step>/saved_model.pb``, and
+``assets.extra/gmeta_export.json`` describes the inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Mapping
+
+import tensorflow as tf
+
+from gmeta_tf import data as meta_io
+from gmeta_tf.config import PipelineConfig
+from gmeta_tf.embedding import ShardedHashEmbedding
+from gmeta_tf.meta import MetaModel, TaskAdapter, adapted_outputs, single_task_batch
+from gmeta_tf.models import embedding_inputs
+from gmeta_tf.serving.static_embedding import FrozenTable, StaticEmbedding
+
+log = logging.getLogger(__name__)
+SERVING_SIGNATURE = "serving_default"
+ADAPT_SIGNATURE = "adapt"
+INFO_FILE = "gmeta_export.json"
+
+
+def frozen_tables(embedding: ShardedHashEmbedding) -> dict[str, FrozenTable]:
+    """The admitted rows of every table this process holds (all of them at size 1)."""
+    shards = embedding.export_shards()
+    out = {}
+    for table in embedding.table_configs:
+        snap = shards[table.name]
+        keep = snap["admitted"].astype(bool)
+        out[table.name] = FrozenTable(snap["ids"][keep], snap["values"][keep],
+                                      table.default_value)
+    return out
+
+
+def feature_specs(model: tf.keras.Model, schema: meta_io.Schema) -> dict[str, tf.TensorSpec]:
+    """Input specs of the tower's features: ``[B]``, or ``[B, W]`` for multi-hot/wide dense."""
+    specs = {}
+    for name in model.tower.feature_names:
+        feature = schema[name]
+        shape = [None, feature.dim] if feature.is_slotted else [None]
+        specs[name] = tf.TensorSpec(shape, tf.as_dtype(feature.numpy_dtype), name=name)
+    return specs
+
+
+class ServingModule(tf.Module):
+    """What the SavedModel holds: the frozen tables, the tower's weights, the signatures.
+
+    Args:
+        model: The trained ``MetaModel`` or ``CTRModel`` (restored in one process).
+        specs: Input specs of the tower's features (see ``feature_specs``).
+        adaptation: Also trace the ``adapt`` signature (meta models only).
+    """
+
+    def __init__(self, model: tf.keras.Model, specs: Mapping[str, tf.TensorSpec],
+                 adaptation: bool):
+        super().__init__(name="gmeta_serving")
+        self.embedding = StaticEmbedding(frozen_tables(model.embedding),
+                                         model.embedding.feature_configs)
+        self.dense_weights = list(model.tower.params().values())
+        tower, head, embedding = model.tower, model.head, self.embedding
+
+        def serve(features):
+            emb = embedding(embedding_inputs(features, tower.sparse_features), training=False)
+            inputs = {**emb, **{n: features[n] for n in tower.dense_features}}
+            return {"scores": head.predict(tower(inputs))}
+
+        self.serve = tf.function(serve, input_signature=[dict(specs)])
+        self.adapt = None
+        if adaptation and isinstance(model, MetaModel):
+            self.inner_rates = list(model.inner_lr_variables.values())
+            self.adapt = tf.function(self._adapt_fn(model), input_signature=[
+                _role_specs("support", specs, head.label), _role_specs("query", specs)])
+
+    def _adapt_fn(self, model: MetaModel):
+        adapter: TaskAdapter = model.adapter
+        rates = model.inner_learning_rates()
+        embedding, label = self.embedding, model.head.label
+
+        def adapt(support, query):
+            batch = single_task_batch(_strip("support_", support), _strip("query_", query), label)
+            outputs = adapted_outputs(embedding, adapter, batch, rates)
+            return {"scores": tf.squeeze(model.head.predict(outputs), 0)}
+
+        return adapt
+
+    def signatures(self) -> dict:
+        out = {SERVING_SIGNATURE: self.serve.get_concrete_function()}
+        if self.adapt is not None:
+            out[ADAPT_SIGNATURE] = self.adapt.get_concrete_function()
+        return out
+
+
+def _role_specs(role: str, specs: Mapping[str, tf.TensorSpec],
+                label: str | None = None) -> dict[str, tf.TensorSpec]:
+    out = {f"{role}_{n}": tf.TensorSpec(s.shape, s.dtype, name=f"{role}_{n}")
+           for n, s in specs.items()}
+    if label is not None:
+        out[f"{role}_{label}"] = tf.TensorSpec([None], tf.float32, name=f"{role}_{label}")
+    return out
+
+
+def _strip(prefix: str, features: Mapping[str, tf.Tensor]) -> dict:
+    return {k[len(prefix):]: v for k, v in features.items()}
+
+
+def _describe(input_signature) -> dict:
+    specs = tf.nest.flatten(input_signature)
+    return {s.name: [s.dtype.name, s.shape.as_list()] for s in sorted(specs, key=lambda s: s.name)}
+
+
+def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str | os.PathLike,
+                       adaptation: bool = True) -> dict:
+    """Writes the SavedModel of a trained model (restored in this one process).
+
+    Args:
+        model: A ``MetaModel`` or ``CTRModel`` whose tables hold every id (size 1).
+        schema: The dataset schema (input dtypes and widths).
+        path: The SavedModel directory.
+        adaptation: Add the ``adapt`` signature (meta models).
+
+    Returns:
+        What ``assets.extra/gmeta_export.json`` records: signatures, inputs, table sizes.
+    """
+    specs = feature_specs(model, schema)
+    module = ServingModule(model, specs, adaptation)
+    signatures = module.signatures()
+    tf.saved_model.save(module, str(path), signatures=signatures)
+    info = {
+        "path": str(path),
+        "signatures": {name: {"inputs": _describe(fn.structured_input_signature),
+                              "outputs": {"scores": ["float32", [None]]}}
+                       for name, fn in signatures.items()},
+        "table_rows": {t: int(v.shape[0]) for t, v in module.embedding.ids.items()},
+        "label": model.head.label,
+    }
+    extra = Path(path, "assets.extra")
+    extra.mkdir(parents=True, exist_ok=True)
+    (extra / INFO_FILE).write_text(json.dumps(info, indent=1))
+    log.info("exported %s with signatures %s", path, sorted(signatures))
+    return info
+
+
+def export_pipeline(config: PipelineConfig, checkpoint_path: str | None = None,
+                    out: str | None = None) -> dict:
+    """``gmeta export``: restores a run's checkpoint and writes ``<export.dir>/<step>``."""
+    from gmeta_tf.training.cold_start import restore_models
+
+    models, manifest = restore_models(config, checkpoint_path)
+    path = Path(out) if out else Path(config.export.dir, str(manifest["step"]))
+    schema = meta_io.Manifest.load(config.data.path).schema
+    return export_saved_model(models.model, schema, path, config.export.adaptation)
