@@ -217,3 +217,29 @@ def partition_of(ids, num_partitions) -> tf.Tensor:
     if ids.dtype != tf.int64:
         raise TypeError(f"ids must be int64, got dtype {ids.dtype.name}")
     return library().gmeta_partition_of(ids, tf.cast(num_partitions, tf.int32))
+
+
+def gather_rows(params, indices) -> tf.Tensor:
+    """rows[i] = params[indices[i]] (float32 matrix, int32 indices), on all intra-op threads.
+
+    Its gradient folds the row gradients per params row with :func:`scatter_add_rows`, a
+    dense [len(params), dim] tensor (no IndexedSlices).
+    """
+    return library().gmeta_gather_rows(params, tf.cast(indices, tf.int32))
+
+
+def scatter_add_rows(updates, indices, num_rows) -> tf.Tensor:
+    """rows[k] = sum of updates[i] with indices[i] == k; rows has num_rows rows."""
+    return library().gmeta_scatter_add_rows(updates, tf.cast(indices, tf.int32),
+                                            tf.cast(num_rows, tf.int32))
+
+
+@tf.RegisterGradient("GmetaGatherRows")
+def _gather_rows_grad(op, grad):
+    params, indices = op.inputs
+    return scatter_add_rows(grad, indices, tf.shape(params)[0]), None
+
+
+@tf.RegisterGradient("GmetaScatterAddRows")
+def _scatter_add_rows_grad(op, grad):
+    return gather_rows(grad, op.inputs[1]), None, None

@@ -99,7 +99,7 @@ class HashEmbedding(tf.keras.layers.Layer):
         else:
             step = self.step.assign_add(1)
             rows = self._trained_rows(unique.unique_ids, unique.counts, step)
-        return tf.gather(rows, unique.inverse)
+        return ops.gather_rows(rows, unique.inverse)
 
     def _trained_rows(self, unique_ids, counts, step):
         table = self.table

@@ -197,3 +197,22 @@ def test_growth_through_many_resizes_keeps_every_row():
     assert int(table.size()) == 1000
     table.lookup_or_insert(tf.constant(ids))
     assert int(table.size()) == n
+
+
+def test_gather_rows_and_its_gradient_fold_per_row():
+    rng = np.random.default_rng(4)
+    params = tf.constant(rng.normal(size=(50, 3)), tf.float32)
+    indices = rng.integers(0, 50, size=4000).astype(np.int32)
+    upstream = rng.normal(size=(4000, 3)).astype(np.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(params)
+        rows = ops.gather_rows(params, indices)
+        loss = tf.reduce_sum(rows * upstream)
+    np.testing.assert_array_equal(rows.numpy(), params.numpy()[indices])
+    expected = np.zeros((50, 3), np.float32)
+    np.add.at(expected, indices, upstream)
+    np.testing.assert_allclose(tape.gradient(loss, params).numpy(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="index 50 at position 1"):
+        ops.gather_rows(params, tf.constant([0, 50]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        ops.scatter_add_rows(tf.ones([2, 3]), tf.constant([0, -1]), 4)
