@@ -17,11 +17,17 @@ each average their loss over their share of a batch make the same update as one 
 averaging over the whole batch. Dense gradients never pass through here.
 
 At size 1 (no horovodrun) the exchanges are identities: the same code path runs.
+
+The same exchanges are available as two explicit phases for hybrid training
+(``gmeta_tf.embedding.hybrid``): :meth:`ShardedHashEmbedding.pull` (steps 1-4, no autodiff)
+and :meth:`ShardedHashEmbedding.push` (the backward all-to-all and the fused update), with
+the dense step in between. Tables listed in ``caches`` get a MixCache in front of their
+shard (``gmeta_tf.embedding.mix_cache``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -30,6 +36,7 @@ from tensorflow.python.trackable.data_structures import NoDependency
 from gmeta_tf import distributed, ops
 from gmeta_tf.embedding.config import FeatureConfig, TableConfig
 from gmeta_tf.embedding.hash_table import HashTable
+from gmeta_tf.embedding.mix_cache import MixCacheConfig, MixCachedHashTable
 
 
 class _FlatFeature(NamedTuple):
@@ -89,6 +96,33 @@ def _unpack_int32(words: tf.Tensor, n) -> tf.Tensor:
     return tf.reshape(tf.bitcast(words, tf.int32), [-1])[:n]
 
 
+class _Request(NamedTuple):
+    """The forward exchange of ids, seen from both ends (one per lookup)."""
+
+    dedups: list  # per table: ops.Dedup of this rank's ids
+    splits: tf.Tensor  # [tables, owners] int32: unique ids this rank asks of each owner
+    owner_ids: list  # per table: ids this rank owns that were asked, requester by requester
+    owner_counts: list  # per table: their occurrence counts
+    headers: list  # per requester: [tables] int64 ids it asked of this rank
+
+
+class PulledRows(NamedTuple):
+    """What :meth:`ShardedHashEmbedding.pull` fetched for one batch, and what
+    :meth:`ShardedHashEmbedding.push` needs to send the batch's row gradients back.
+
+    All fields are tensors (or tuples of tensors, one per table in table order), so a
+    PulledRows crosses ``tf.function`` boundaries and thread queues as it is.
+    """
+
+    unique_ids: tuple  # per table: [U_t] this rank's unique ids, grouped by owner
+    unique_rows: tuple  # per table: [U_t, dim_t] their rows
+    inverse: tuple  # per table: [n_t] int32, raw ids -> unique rows
+    splits: tf.Tensor  # [tables, owners] int32
+    owner_ids: tuple  # per table: ids this rank looked up as their owner
+    headers: tf.Tensor  # [requesters, tables] int64
+    step: tf.Tensor  # int64 scalar: the layer step of this lookup (and of its update)
+
+
 class ShardedHashEmbedding(tf.keras.layers.Layer):
     """All sparse features of a model, in hash tables sharded over the ranks by id.
 
@@ -113,21 +147,27 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         tables: Sequence[TableConfig],
         features: Sequence[FeatureConfig],
         gradient_scale: float | None = None,
+        caches: Mapping[str, MixCacheConfig] | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.table_configs = NoDependency(tuple(tables))
         self.feature_configs = NoDependency(tuple(features))
+        self.cache_configs = NoDependency(dict(caches or {}))
         self._validate()
         self.world_size = distributed.size()
         self.world_rank = distributed.rank()
         self.gradient_scale = (1.0 / self.world_size) if gradient_scale is None else gradient_scale
         # Each rank's shard; checkpointed per rank by gmeta_tf.checkpoint, not by the
         # model's tf.train.Checkpoint (rank 0 alone would hold only its own shard).
-        self.shards = NoDependency({
-            t.name: HashTable(t.dim, name=f"{self.name}_{t.name}", **t.table_kwargs())
-            for t in self.table_configs
-        })
+        self.shards = NoDependency({t.name: self._make_shard(t) for t in self.table_configs})
+
+    def _make_shard(self, config: TableConfig) -> HashTable:
+        name = f"{self.name}_{config.name}"
+        cache = self.cache_configs.get(config.name)
+        if cache is None:
+            return HashTable(config.dim, name=name, **config.table_kwargs())
+        return MixCachedHashTable(config.dim, cache, name=name, **config.table_kwargs())
 
     def _validate(self):
         names = [t.name for t in self.table_configs]
@@ -143,6 +183,11 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
             if f.name in seen:
                 raise ValueError(f"feature '{f.name}' is configured twice")
             seen.add(f.name)
+        for table, cache in self.cache_configs.items():
+            if table not in names:
+                raise ValueError(f"caches: '{table}' is not one of the tables {names}")
+            if not isinstance(cache, MixCacheConfig):
+                raise TypeError(f"caches['{table}'] must be a MixCacheConfig, got {cache!r}")
 
     def build(self, input_shape):
         self.update_trigger = self.add_weight(
@@ -156,6 +201,12 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
 
     # ---- forward ------------------------------------------------------------------------
     def call(self, features, training=None):
+        table_ids, assemble = self.prepare(features)
+        return assemble(self.lookup(table_ids, training=training))
+
+    def prepare(self, features) -> tuple[list[tf.Tensor], Callable[[list], dict]]:
+        """Splits a feature dict into raw id vectors, one per table (in table order), and
+        a function mapping their rows (``[n_t, dim_t]`` per table) to the layer's output."""
         missing = [f.name for f in self.feature_configs if f.name not in features]
         if missing:
             raise KeyError(f"{self.name}: input has no feature(s) {missing}; it has "
@@ -168,20 +219,29 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
             if by_table[t.name] else tf.zeros([0], tf.int64)
             for t in self.table_configs
         ]
-        table_rows = self.lookup(table_ids, training=training)
-        out = {}
-        for t, rows in zip(self.table_configs, table_rows):
-            feats = by_table[t.name]
-            sizes = [tf.size(flat[f.name].ids) for f in feats]
-            for f, part in zip(feats, tf.split(rows, sizes, num=len(feats)) if feats else []):
-                out[f.name] = flat[f.name].restore(part)
-        return out
+
+        def assemble(table_rows: list) -> dict:
+            out = {}
+            for t, rows in zip(self.table_configs, table_rows):
+                feats = by_table[t.name]
+                sizes = [tf.size(flat[f.name].ids) for f in feats]
+                for f, part in zip(feats, tf.split(rows, sizes, num=len(feats)) if feats else []):
+                    out[f.name] = flat[f.name].restore(part)
+            return out
+
+        return table_ids, assemble
 
     def lookup(self, table_ids: Sequence[tf.Tensor], training=None) -> list[tf.Tensor]:
         """Rows for raw id vectors, one per table (in table order): [n_t, dim_t] each."""
+        request = self._request(table_ids)
+        owner_rows = self._owner_rows(request.owner_ids, request.owner_counts, training)
+        unique_rows = self._reply(owner_rows, request.headers, request.splits)
+        return [tf.gather(rows, d.inverse) for rows, d in zip(unique_rows, request.dedups)]
+
+    def _request(self, table_ids: Sequence[tf.Tensor]) -> _Request:
+        """Dedup per table, then ONE all-to-all of ids (with a header) to their owners."""
         size = self.world_size
         num_tables = len(self.table_configs)
-        dims = [t.dim for t in self.table_configs]
         dedups = [ops.dedup(ids, size) for ids in table_ids]
         splits = tf.stack([d.splits for d in dedups])  # [tables, owners] int32
 
@@ -198,7 +258,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         received, received_splits = distributed.alltoall(tf.concat(segments, 0),
                                                          tf.stack(send_splits))
 
-        # Owner: parse each requester's segment, look up the shard.
+        # Owner: parse each requester's segment.
         owner_ids = [[] for _ in range(num_tables)]
         owner_counts = [[] for _ in range(num_tables)]
         headers = []
@@ -212,10 +272,17 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
                     tf.split(counts, header, num=num_tables))):
                 owner_ids[t].append(ids_t)
                 owner_counts[t].append(counts_t)
-        owner_ids = [tf.concat(p, 0) for p in owner_ids]
-        owner_counts = [tf.cast(tf.concat(p, 0), tf.int64) for p in owner_counts]
-        owner_rows = self._owner_rows(owner_ids, owner_counts, training)
+        return _Request(dedups, splits,
+                        [tf.concat(p, 0) for p in owner_ids],
+                        [tf.cast(tf.concat(p, 0), tf.int64) for p in owner_counts],
+                        headers)
 
+    def _reply(self, owner_rows: list, headers: list, splits: tf.Tensor) -> list[tf.Tensor]:
+        """ONE all-to-all of rows back to the requesters; returns each table's rows of this
+        rank's unique ids (grouped by owner, as dedup ordered them)."""
+        size = self.world_size
+        num_tables = len(self.table_configs)
+        dims = [t.dim for t in self.table_configs]
         # Owners -> requesters: the rows, flattened, in the order they were asked for.
         rows_by_requester = [
             tf.split(rows, [h[t] for h in headers], num=size) for t, rows in enumerate(owner_rows)
@@ -227,17 +294,69 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
                                           for t in range(num_tables)]))
         returned, _ = distributed.alltoall(tf.concat(reply, 0), tf.stack(reply_splits))
 
-        # Requester: rows of each table's unique ids (grouped by owner), then expand.
-        expected = [tf.add_n([splits[t, r] * dims[t] for t in range(num_tables)])
-                    for r in range(size)]
+        # Requester: rows of each table's unique ids (grouped by owner).
         unique_rows = [[] for _ in range(num_tables)]
-        for r, part in enumerate(tf.split(returned, tf.stack(expected), num=size)):
+        for r, part in enumerate(tf.split(returned, self._floats_per_owner(splits), num=size)):
             pieces = tf.split(part, [splits[t, r] * dims[t] for t in range(num_tables)],
                               num=num_tables)
             for t, piece in enumerate(pieces):
                 unique_rows[t].append(tf.reshape(piece, [-1, dims[t]]))
-        return [tf.gather(tf.concat(unique_rows[t], 0), dedups[t].inverse)
-                for t in range(num_tables)]
+        return [tf.concat(unique_rows[t], 0) for t in range(num_tables)]
+
+    def _floats_per_owner(self, splits: tf.Tensor) -> tf.Tensor:
+        """Row values this rank exchanges with each owner: [owners] int32."""
+        dims = [t.dim for t in self.table_configs]
+        return tf.stack([tf.add_n([splits[t, r] * dims[t] for t in range(len(dims))])
+                         for r in range(self.world_size)])
+
+    # ---- phases (hybrid training) -------------------------------------------------------
+    def pull(self, table_ids: Sequence[tf.Tensor]) -> PulledRows:
+        """The forward half of a training step, without autodiff: dedup, the all-to-all of
+        ids, lookup-or-insert on the owners, the all-to-all of rows back.
+
+        Expand with ``tf.gather(pulled.unique_rows[t], pulled.inverse[t])``; hand the
+        gradients of the loss with respect to ``pulled.unique_rows`` to :meth:`push`.
+        Pulls and pushes must be issued in the same order on every rank.
+        """
+        request = self._request(table_ids)
+        step = self.step.assign_add(1)
+        shards = [self.shards[t.name] for t in self.table_configs]
+        owner_rows = [shard.lookup_or_insert(i, step=step, counts=c)
+                      for shard, i, c in zip(shards, request.owner_ids, request.owner_counts)]
+        unique_rows = self._reply(owner_rows, request.headers, request.splits)
+        return PulledRows(tuple(d.unique_ids for d in request.dedups), tuple(unique_rows),
+                          tuple(d.inverse for d in request.dedups),
+                          request.splits, tuple(request.owner_ids),
+                          tf.stack(request.headers), step)
+
+    def push(self, pulled: PulledRows, unique_row_grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The backward half: ONE all-to-all of the row gradients to the owners (counted
+        as ``alltoall_grad``), where each table's fused optimizer applies them, scaled by
+        ``gradient_scale``. Returns the number of rows updated on this rank."""
+        size = self.world_size
+        num_tables = len(self.table_configs)
+        dims = [t.dim for t in self.table_configs]
+        by_owner = [tf.split(g, pulled.splits[t], num=size)
+                    for t, g in enumerate(unique_row_grads)]
+        flat = tf.concat([tf.reshape(by_owner[t][r], [-1])
+                          for r in range(size) for t in range(num_tables)], 0)
+        received = _gradient_alltoall(flat, self._floats_per_owner(pulled.splits))
+        headers = tf.cast(pulled.headers, tf.int32)
+        owner_grads = [[] for _ in range(num_tables)]
+        from_requester = tf.stack([tf.add_n([headers[q, t] * dims[t] for t in range(num_tables)])
+                                   for q in range(size)])
+        for q, seg in enumerate(tf.split(received, from_requester, num=size)):
+            pieces = tf.split(seg, [headers[q, t] * dims[t] for t in range(num_tables)],
+                              num=num_tables)
+            for t, piece in enumerate(pieces):
+                owner_grads[t].append(tf.reshape(piece, [-1, dims[t]]))
+        updated = [
+            self.shards[t.name].apply_gradients(
+                pulled.owner_ids[i], tf.concat(owner_grads[i], 0) * self.gradient_scale,
+                step=pulled.step)
+            for i, t in enumerate(self.table_configs)
+        ]
+        return tf.add_n(updated)
 
     def _owner_rows(self, ids: list, counts: list, training) -> list:
         shards = [self.shards[t.name] for t in self.table_configs]
@@ -264,6 +383,11 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         return list(rows_with_fused_update(self.update_trigger))
 
     # ---- state --------------------------------------------------------------------------
+    def cache_stats(self) -> dict[str, dict[str, float]]:
+        """This rank's MixCache counters per cached table (see MixCachedHashTable)."""
+        return {name: shard.cache_stats() for name, shard in self.shards.items()
+                if isinstance(shard, MixCachedHashTable)}
+
     def table_sizes(self) -> dict[str, int]:
         """Ids held by this rank's shard of each table."""
         return {name: int(shard.size()) for name, shard in self.shards.items()}
@@ -293,8 +417,21 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
                     for t in self.table_configs],
             features=[dict(f.__dict__) for f in self.feature_configs],
             gradient_scale=self.gradient_scale,
+            caches={name: dict(c.__dict__) for name, c in self.cache_configs.items()},
         )
         return config
+
+
+def _gradient_alltoall(tensor: tf.Tensor, splits: tf.Tensor) -> tf.Tensor:
+    """The all-to-all of row gradients to their owners, counted as ``alltoall_grad`` like
+    the gradient of the forward exchange it replaces in :meth:`ShardedHashEmbedding.push`.
+
+    gmeta_tf.distributed has no public call that counts under that kind, so this uses its
+    counter and raw exchange directly.
+    """
+    with tf.control_dependencies(distributed._count("alltoall_grad", tensor)):
+        received, _ = distributed._raw_alltoall(tf.identity(tensor), tf.cast(splits, tf.int32))
+    return received
 
 
 def dense_variables(model: tf.keras.layers.Layer) -> list[tf.Variable]:

@@ -1,0 +1,121 @@
+// MixCache (ScaleFreeCTR): a cache of hot embedding rows in front of a host HashTable.
+//
+// A cached id's row and optimizer slots live in a dense array indexed by a small
+// open-addressing map {key, slot} sized to the cache (it stays in the CPU's caches),
+// so lookups and updates of hot ids never probe the host table's large index. While an
+// id is cached the cache holds its authoritative state (row, slots, frequency, last-seen
+// step); the host table's copy is brought up to date by Flush (and by eviction), which
+// every export and checkpoint runs first.
+//
+// Admission: an id seen at least min_count times in one lookup, and new to the host table
+// (so its state is the deterministic initial row and the slots' initial value, known
+// without reading the table), enters the cache; when the cache is full it replaces the
+// cached entry of lowest frequency if its own count is higher (LFU). Ids the host table
+// already holds enter at Load (the rebalance: the host table's most frequent ids).
+// Eviction writes the evicted entries back to the host table.
+//
+// On a GPU the dense array would live in device memory; on CPU it is host memory whose
+// benefit is locality (hot rows contiguous, one small index), not transfers.
+//
+// Thread safety: one mutex around every call (the owner side calls it from one thread).
+#ifndef GMETA_OPS_MIX_CACHE_H_
+#define GMETA_OPS_MIX_CACHE_H_
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hash_table.h"
+
+namespace gmeta {
+
+struct MixCacheStats {
+  int64_t capacity = 0;
+  int64_t size = 0;
+  int64_t lookups = 0;         // id occurrences looked up (ids weighted by their counts)
+  int64_t hits = 0;            // occurrences served from the cache
+  int64_t unique_lookups = 0;  // distinct ids per call, summed over calls
+  int64_t unique_hits = 0;     // of those, ids already cached when looked up
+  int64_t admitted = 0;
+  int64_t evicted = 0;         // entries written back to the host table and dropped
+  int64_t written_back = 0;    // entries written back (eviction and flush)
+};
+
+class MixCache {
+ public:
+  MixCache(const TableConfig& table_config, int64_t capacity, int64_t min_count);
+  MixCache(const MixCache&) = delete;
+  MixCache& operator=(const MixCache&) = delete;
+
+  // HashTable::LookupOrInsert through the cache (see the file comment for admission).
+  void LookupOrInsert(HashTable& table, const int64_t* ids, const int64_t* counts, int64_t n,
+                      int64_t step, float* values, const ParallelFor& pfor);
+
+  // HashTable::Lookup through the cache (read-only: no admission, no counting).
+  void Lookup(const HashTable& table, const int64_t* ids, int64_t n, float* values,
+              bool* found, const ParallelFor& pfor);
+
+  // HashTable::ApplyGradients through the cache: cached rows are updated here with the
+  // same arithmetic (duplicates summed in order first), the others in the host table.
+  int64_t ApplyGradients(HashTable& table, const int64_t* ids, const float* grads, int64_t n,
+                         const OptimizerParams& params, const ParallelFor& pfor);
+
+  // Writes every entry changed since its last write-back to the host table; returns how
+  // many were written. The entries stay cached.
+  int64_t Flush(HashTable& table);
+
+  // Forgets ids without writing them back (after the host table evicted them).
+  void Drop(const int64_t* ids, int64_t n);
+
+  // Flushes, empties the cache, then caches the given entries (at most capacity of them,
+  // in order) as they are in the host table.
+  void Reload(HashTable& table, const int64_t* ids, const float* values, const float* slots,
+              const int64_t* freq, const int64_t* last_seen, int64_t n);
+
+  // Empties the cache without writing back (the host table was replaced by an import).
+  void Clear();
+
+  MixCacheStats Stats() const;
+  std::vector<int64_t> CachedIds() const;  // sorted
+
+ private:
+  static constexpr int32_t kFree = -1;
+  struct IndexEntry {
+    int64_t key;
+    int32_t slot;  // kFree when the index entry is empty
+  };
+
+  int64_t stride() const { return dim_ * (1 + num_slots_); }
+  float* Row(int32_t slot) { return arena_.data() + static_cast<int64_t>(slot) * stride(); }
+  uint64_t Home(int64_t key) const { return Mix64(static_cast<uint64_t>(key) ^ 0xC2B2AE3D27D4EB4FULL) & mask_; }
+  int32_t Find(int64_t key) const;
+  int32_t Insert(int64_t key);  // a free slot, registered in the index
+  void Erase(int64_t key);
+  void WriteBack(HashTable& table, const std::vector<int32_t>& slots);
+  void AdmitNew(HashTable& table, const std::vector<int64_t>& candidates, const int64_t* ids,
+                const int64_t* counts, const float* values, int64_t step);
+
+  const TableConfig table_config_;
+  const int64_t dim_;
+  const int64_t num_slots_;
+  const int64_t capacity_;
+  const int64_t min_count_;
+  mutable std::mutex mu_;
+
+  std::vector<IndexEntry> index_;
+  uint64_t mask_;
+  std::vector<float> arena_;          // capacity * stride: row, then slots
+  std::vector<int64_t> key_;          // per slot
+  std::vector<int64_t> freq_;
+  std::vector<int64_t> last_seen_;
+  std::vector<uint8_t> dirty_;
+  std::vector<int32_t> free_slots_;
+  std::vector<uint64_t> apply_mark_;  // per slot: (epoch << 32) | target, as in HashTable
+  uint64_t apply_epoch_ = 0;
+  MixCacheStats stats_;
+};
+
+}  // namespace gmeta
+
+#endif  // GMETA_OPS_MIX_CACHE_H_
