@@ -37,8 +37,10 @@ fi
 echo "[setup] building the op library"
 make -s -C ops PYTHON="$VENV/bin/python"
 
-if [ ! -f "$(stamp editable)" ]; then
+pkg_hash=$(hash_of pyproject.toml)
+if [ "$(cat "$(stamp editable)" 2>/dev/null)" != "$pkg_hash" ]; then
+  echo "[setup] installing gmeta_tf (editable) and its commands"
   python -m pip install --quiet --no-deps --no-build-isolation -e .
-  touch "$(stamp editable)"
+  echo "$pkg_hash" > "$(stamp editable)"
 fi
 echo "[setup] ready: $VENV"
