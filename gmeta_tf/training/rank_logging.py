@@ -23,3 +23,5 @@ def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level if rank == 0 else max(level, logging.WARNING))
+    for noisy in ("absl", "tensorflow"):  # SavedModel and checkpoint chatter
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -165,10 +166,11 @@ class Trainer:
             meter.add(_real_rows(batch))
             if step % t.log_every == 0 or step == t.steps:
                 self._report(step, out, models, meter, bar, tensorboard)
-            if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
-                eval_metrics = self._evaluate(step, models, tensorboard)
-            if t.checkpoint_every and step % t.checkpoint_every == 0:
-                last_ckpt = self._save(models, step)
+            with meter.paused():  # samples/s counts training time only
+                if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
+                    eval_metrics = self._evaluate(step, models, tensorboard)
+                if t.checkpoint_every and step % t.checkpoint_every == 0:
+                    last_ckpt = self._save(models, step)
         bar.close()
         if last_ckpt is None or not last_ckpt.name.endswith(f"-{t.steps}"):
             last_ckpt = self._save(models, t.steps)
@@ -263,6 +265,7 @@ class _Meter:
     def __init__(self) -> None:
         self.total = 0
         self._since = 0
+        self._paused = 0.0
         self._start = self._last = time.perf_counter()
 
     def add(self, samples: int) -> None:
@@ -275,9 +278,21 @@ class _Meter:
         self._since, self._last = 0, now
         return out
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside does not count (evaluation, checkpoints)."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - began
+            self._last += spent
+            self._paused += spent
+
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self._start
+        """Training seconds so far."""
+        return time.perf_counter() - self._start - self._paused
 
 
 class _Scalars:

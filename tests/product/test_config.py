@@ -1,0 +1,96 @@
+"""The pipeline config: ready pipelines load; bad keys and values fail with a clear message."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gmeta_tf.cli import main
+from gmeta_tf.config import (PIPELINES_DIR, ConfigError, PipelineConfig, apply_override,
+                             from_dict, load_config)
+
+
+def _default_raw() -> dict:
+    return yaml.safe_load((PIPELINES_DIR / "default.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")))
+def test_ready_pipelines_load(name):
+    config = load_config(name)
+    assert isinstance(config, PipelineConfig)
+    assert config.model.tables and config.train.steps >= 1
+
+
+def test_overrides_change_typed_values(tmp_path):
+    config = load_config("default", ["train.steps=7", "meta.enabled=false",
+                                     "model.top_units=[16, 4]", f"run_dir={tmp_path}"])
+    assert config.train.steps == 7 and config.meta.enabled is False
+    assert config.model.top_units == (16, 4)
+    assert config.run_dir == str(tmp_path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.steps=-5", "config key 'train.steps' = -5 is not allowed: expected an integer >= 1"),
+    ("train.steps=ten", "config key 'train.steps' = 'ten' is not allowed: expected an integer"),
+    ("train.learning_rate=0", "'train.learning_rate' = 0.0 is not allowed: expected a number > 0"),
+    ("meta.algorithm=sgd", "config key 'meta.algorithm' = 'sgd' is not allowed: expected one of "
+                           "['maml', 'fomaml', 'reptile']"),
+    ("meta.enabled=maybe", "'meta.enabled' = 'maybe' is not allowed: expected true or false"),
+    ("train.stepz=3", "config key 'train.stepz' is not allowed: unknown key; 'train' allows"),
+    ("model.top_units=64", "'model.top_units' = 64 is not allowed: expected a list of integers"),
+    ("model.tables.user.optimizer=rmsprop", "'model.tables.user.optimizer' = 'rmsprop' is not "
+                                            "allowed: expected one of ['sgd', 'adagrad', 'adam']"),
+    ("data.source=hdfs", "'data.source' = 'hdfs' is not allowed: expected one of"),
+    ("data.split.warm_fraction=1.5", "'data.split.warm_fraction' = 1.5 is not allowed: expected "
+                                     "a number <= 1.0"),
+    ("meta.adapt_embeddings=[zip]", "'meta.adapt_embeddings' = ['zip'] is not allowed: expected "
+                                    "sparse features of the tower"),
+    ("model.sparse_features=[user_id, price]", "'model.sparse_features' = ['user_id', 'price'] "
+                                               "is not allowed: expected features embedded by "
+                                               "a table"),
+    ("train=5", "config key 'train' = 5 is not allowed: expected a mapping"),
+])
+def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config("default", [override])
+    assert message in str(err.value)
+
+
+def test_a_feature_in_two_tables_is_rejected():
+    raw = _default_raw()
+    raw["model"]["tables"]["item"]["features"].append("user_id")
+    with pytest.raises(ConfigError, match="each feature in one table only"):
+        from_dict(raw)
+
+
+def test_bad_override_syntax_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="expected KEY.SUB=VALUE"):
+        apply_override({}, "train.steps")
+    with pytest.raises(ConfigError, match="'train.steps' is a value, not a section"):
+        apply_override({"train": {"steps": 3}}, "train.steps.x=1")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="neither a file nor a ready pipeline"):
+        load_config("no-such-pipeline")
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(evil)
+
+
+def test_cli_exits_2_with_the_message(capsys):
+    assert main(["config", "--set", "train.steps=0"]) == 2
+    err = capsys.readouterr().err
+    assert "gmeta: error: config key 'train.steps' = 0 is not allowed: expected an integer >= 1" \
+        in err
+
+
+def test_cli_prints_the_checked_config(capsys):
+    assert main(["config", "--set", "train.steps=9"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["train"]["steps"] == 9 and printed["meta"]["algorithm"] == "maml"
