@@ -3,26 +3,32 @@
 For each seed: convert ml-100k with that split seed (80% warm users, 10 random query
 ratings per user, users with fewer than 13 ratings dropped), train on the warm users, then
 for every cold user adapt on its support set and score its query set. Contenders, all with
-the same MeLU tower (item_id, year, genres + age, gender, occupation, zip; dim 16; MLP
-64-64; rating head) and sparse Adagrad embeddings:
+the same tower, data, epochs and k:
 
   maml, fomaml, reptile   MetaModel, k inner SGD steps on the support set
   baseline                CTRModel trained on all warm rows jointly, evaluated as is
   baseline_finetune       the same, fine-tuned on each cold user's support set for the
-                          same k steps at the same inner learning rate
+                          same k steps on the same fast weights, at its own tuned rate
 
 Metrics on cold users' query sets: AUC (label = rating >= 4, score = predicted rating,
 pooled), MAE of the rating, nDCG@3 per user (relevance = rating). Mean and standard
 deviation over the seeds. Reference (MeLU paper, MovieLens-1M new users): MeLU-5 MAE
 0.785, nDCG@3 0.881; Wide&Deep MAE 1.069, nDCG@3 0.864.
 
-Usage: python -m benchmarks.cold_start [--quick] [--seeds 0,1,2] [--epochs N]
+Tuning (``--validate``): the warm users are split again (seeded hash of the user id, 20%
+held out); models train on the other warm users and are scored, with the same protocol,
+on the held-out warm users' query sets. The cold users are never looked at. The defaults
+below were chosen that way (see ``Setup``), for every contender alike.
+
+Usage: python -m benchmarks.cold_start [--quick] [--seeds 0,1,2] [--epochs N] [--validate]
+       [--set key=value ...] (fields of ``Setup``)
 The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import tempfile
@@ -43,87 +49,195 @@ from gmeta_tf.models import CTRModel, MeLUTower, RatingHead  # noqa: E402
 
 ML100K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ml-100k"
 ITEM_FEATURES = ("item_id", "year", "genres")
-USER_FEATURES = ("age", "gender", "occupation", "zip")
+DEMOGRAPHICS = ("age", "gender", "occupation", "zip")
+MULTI_HOT = ("genres",)
 DIM, HIDDEN = 16, (64, 64)
 TASKS, SUPPORT_SLOTS, QUERY = 32, 64, 10
-INNER_STEPS, INNER_LR = 5, 0.05
-MEAN_RATING = 3.5
 METRICS = ("auc", "mae", "ndcg@3")
-CONTENDERS = ("maml", "fomaml", "reptile", "baseline", "baseline_finetune")
+META = ("maml", "fomaml", "reptile")
+CONTENDERS = (*META, "baseline", "baseline_finetune")
+VALIDATION_BUCKETS = 5  # 1 in 5 warm users held out by --validate
 
 
-def make_embedding(seed: int) -> ShardedHashEmbedding:
-    tables = [TableConfig("item", DIM, optimizer=Adagrad(0.05), seed=seed),
-              TableConfig("user", DIM, optimizer=Adagrad(0.05), seed=seed)]
-    features = [FeatureConfig("item_id", "item"), FeatureConfig("year", "item"),
-                FeatureConfig("genres", "item", combiner="mean")]
-    features += [FeatureConfig(f, "user") for f in USER_FEATURES]
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """Everything the contenders share or are tuned on (``--set key=value``).
+
+    Attributes:
+        epochs: Passes over the warm users, for every contender.
+        inner_steps: k, for the meta models' inner loop and the baseline's fine-tuning.
+        inner_lr: The meta models' inner learning rate (initial value under Meta-SGD).
+        outer_lr: Adam learning rate of MAML's and first-order MAML's outer loop.
+        reptile_lr: Adam learning rate of Reptile's outer loop.
+        baseline_lr: Adam learning rate of the baseline.
+        finetune_lr: The baseline's fine-tuning rate.
+        fast_weights: Tower weights adapted per user, by the meta models and by the
+            baseline's fine-tuning; empty: all.
+        user_id: The tower reads a user_id embedding (every contender's tower).
+        adapt_embeddings: Embedding rows adapted per user (meta and fine-tuning alike).
+        learn_inner_lr: Meta-SGD ("", "weight": one rate per weight tensor, "element":
+            one per weight element).
+        mean_rating: The rating head's offset.
+        sparse_lr: Adagrad rate of the embedding tables.
+    """
+
+    epochs: int = 20
+    inner_steps: int = 5
+    inner_lr: float = 0.05
+    outer_lr: float = 1e-3
+    reptile_lr: float = 0.01
+    baseline_lr: float = 1e-3
+    finetune_lr: float = 0.05
+    fast_weights: tuple[str, ...] = ()
+    user_id: bool = False
+    adapt_embeddings: tuple[str, ...] = ()
+    learn_inner_lr: str = ""
+    mean_rating: float = 3.5
+    sparse_lr: float = 0.05
+
+    @property
+    def user_features(self) -> tuple[str, ...]:
+        return (("user_id",) if self.user_id else ()) + DEMOGRAPHICS
+
+
+def parse_set(setup: Setup, items: list[str]) -> Setup:
+    """``key=value`` overrides of ``Setup`` fields (tuples comma-separated)."""
+    fields = {f.name: f for f in dataclasses.fields(Setup)}
+    changes = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--set {item!r}: unknown key, expected one of {sorted(fields)}")
+        default = getattr(setup, key)
+        if isinstance(default, bool):
+            changes[key] = value.lower() in ("1", "true", "yes")
+        elif isinstance(default, tuple):
+            changes[key] = tuple(v for v in value.split(",") if v)
+        else:
+            changes[key] = type(default)(value)
+    return dataclasses.replace(setup, **changes)
+
+
+def make_embedding(setup: Setup, seed: int) -> ShardedHashEmbedding:
+    """One table per feature: features sharing a table would share the rows of equal ids
+    (genre 3 and item 3, age group 1 and occupation 1)."""
+    names = ITEM_FEATURES + setup.user_features
+    tables = [TableConfig(n, DIM, optimizer=Adagrad(setup.sparse_lr), seed=seed) for n in names]
+    features = [FeatureConfig(n, n, combiner="mean" if n in MULTI_HOT else None) for n in names]
     return ShardedHashEmbedding(tables, features)
 
 
-def make_tower(seed: int) -> MeLUTower:
-    return MeLUTower(ITEM_FEATURES, USER_FEATURES, DIM, HIDDEN, seed=seed)
+def make_tower(setup: Setup, seed: int) -> MeLUTower:
+    return MeLUTower(ITEM_FEATURES, setup.user_features, DIM, HIDDEN, seed=seed)
 
 
-def warm_batches(path: str, seed: int, epoch: int):
-    return data.read_tasks(path, TASKS, SUPPORT_SLOTS, QUERY, split="warm",
-                           shuffle_seed=seed * 1000 + epoch)
+def held_out(task_id: tf.Tensor, seed: int) -> tf.Tensor:
+    """True for the warm users ``--validate`` scores (a seeded hash of the user id)."""
+    key = tf.strings.as_string(task_id + 1_000_003 * (seed + 1))
+    return tf.strings.to_hash_bucket_fast(key, VALIDATION_BUCKETS) == 0
 
 
-def train_meta(path: str, algorithm: str, seed: int, epochs: int) -> MetaModel:
+def select_tasks(batch: dict, keep: tf.Tensor) -> dict:
+    """The tasks of a batch where ``keep`` ``[T]`` is True."""
+    out = {"task_id": tf.boolean_mask(batch["task_id"], keep)}
+    for role in ("support", "query"):
+        out[role] = {k: tf.boolean_mask(v, keep) for k, v in batch[role].items()}
+    return out
+
+
+def tasks_of(path: str, split: str, seed: int, validate: bool, train: bool, support,
+             shuffle_seed) -> tf.data.Dataset:
+    """Task batches of a split; under ``validate``, the warm users are divided again."""
+    ds = data.read_tasks(path, TASKS, support, QUERY, split=split, shuffle_seed=shuffle_seed)
+    if not validate:
+        return ds
+    ds = ds.map(lambda b: select_tasks(b, held_out(b["task_id"], seed) != train))
+    return ds.filter(lambda b: tf.size(b["task_id"]) > 0)
+
+
+def training_batches(path: str, seed: int, epoch: int, validate: bool) -> tf.data.Dataset:
+    return tasks_of(path, "warm", seed, validate, True, SUPPORT_SLOTS, seed * 1000 + epoch)
+
+
+def scored_batches(path: str, seed: int, validate: bool) -> tf.data.Dataset:
+    if validate:
+        return tasks_of(path, "warm", seed, True, False, None, None)
+    return tasks_of(path, "cold", seed, False, False, None, None)
+
+
+def meta_config(setup: Setup, algorithm: str) -> MetaConfig:
+    return MetaConfig(algorithm, inner_steps=setup.inner_steps, inner_lr=setup.inner_lr,
+                      learn_inner_lr=bool(setup.learn_inner_lr),
+                      inner_lr_per_element=setup.learn_inner_lr == "element",
+                      fast_weights=setup.fast_weights, adapt_embeddings=setup.adapt_embeddings)
+
+
+def train_meta(path: str, algorithm: str, setup: Setup, seed: int, validate: bool) -> MetaModel:
     tf.keras.utils.set_random_seed(seed)
-    model = MetaModel(make_embedding(seed), make_tower(seed), RatingHead("rating", MEAN_RATING),
-                      MetaConfig(algorithm, inner_steps=INNER_STEPS, inner_lr=INNER_LR))
-    outer_lr = 0.01 if algorithm == "reptile" else 1e-3
+    model = MetaModel(make_embedding(setup, seed), make_tower(setup, seed),
+                      RatingHead("rating", setup.mean_rating), meta_config(setup, algorithm))
+    outer_lr = setup.reptile_lr if algorithm == "reptile" else setup.outer_lr
     model.compile(optimizer=tf.keras.optimizers.Adam(outer_lr))
     step = tf.function(model.train_step, reduce_retracing=True)
-    for epoch in range(epochs):
-        for batch in warm_batches(path, seed, epoch):
+    for epoch in range(setup.epochs):
+        for batch in training_batches(path, seed, epoch, validate):
             step(batch)
     return model
 
 
-def train_baseline(path: str, seed: int, epochs: int) -> CTRModel:
+def train_baseline(path: str, setup: Setup, seed: int, validate: bool) -> CTRModel:
     tf.keras.utils.set_random_seed(seed)
-    model = CTRModel(make_embedding(seed), make_tower(seed), RatingHead("rating", MEAN_RATING))
-    model.compile(optimizer=tf.keras.optimizers.Adam(1e-3))
+    model = CTRModel(make_embedding(setup, seed), make_tower(setup, seed),
+                     RatingHead("rating", setup.mean_rating))
+    model.compile(optimizer=tf.keras.optimizers.Adam(setup.baseline_lr))
     step = tf.function(lambda b: model.train_step(task_rows(b)), reduce_retracing=True)
-    for epoch in range(epochs):
-        for batch in warm_batches(path, seed, epoch):
+    for epoch in range(setup.epochs):
+        for batch in training_batches(path, seed, epoch, validate):
             step(batch)
     return model
 
 
-def cold_metrics(path: str, predict, head) -> dict:
-    cold = data.read_tasks(path, TASKS, None, QUERY, split="cold")
-    report = evaluate_tasks(predict, cold, head, k=3, binary_label="label",
-                            relevance_label="rating")
+def scored(path: str, seed: int, validate: bool, predict, head) -> dict:
+    report = evaluate_tasks(predict, scored_batches(path, seed, validate), head, k=3,
+                            binary_label="label", relevance_label="rating")
     return {m: report.overall[m] for m in METRICS} | {"tasks": report.overall["tasks"]}
 
 
-def run_seed(seed: int, epochs: int, work: str) -> dict:
+def run_seed(seed: int, setup: Setup, work: str, contenders: tuple[str, ...],
+             validate: bool) -> dict:
     path = os.path.join(work, f"ml100k_seed{seed}")
-    manifest = data.convert_movielens(str(ML100K), path, seed=seed)
+    if not os.path.exists(os.path.join(path, "manifest.json")):
+        data.convert_movielens(str(ML100K), path, seed=seed)
+    manifest = data.Manifest.load(path)
     out = {}
-    for algorithm in ("maml", "fomaml", "reptile"):
+    for algorithm in (a for a in META if a in contenders):
         start = time.perf_counter()
-        model = train_meta(path, algorithm, seed, epochs)
+        model = train_meta(path, algorithm, setup, seed, validate)
         predict = tf.function(model.adapted_predictions, reduce_retracing=True)
-        out[algorithm] = cold_metrics(path, predict, model.head)
+        out[algorithm] = scored(path, seed, validate, predict, model.head)
+        if model.inner_lr_variables:
+            out[algorithm]["inner_lr"] = {n: float(tf.reduce_mean(v))
+                                          for n, v in model.inner_lr_variables.items()}
         print(f"seed {seed} {algorithm}: {out[algorithm]} ({time.perf_counter() - start:.0f}s)",
               flush=True)
-    baseline = train_baseline(path, seed, epochs)
-    for name, steps in (("baseline", 0), ("baseline_finetune", INNER_STEPS)):
-        out[name] = cold_metrics(path, fine_tuned_predictions(baseline, steps, INNER_LR),
-                                 baseline.head)
-        print(f"seed {seed} {name}: {out[name]}", flush=True)
+    if {"baseline", "baseline_finetune"} & set(contenders):
+        start = time.perf_counter()
+        baseline = train_baseline(path, setup, seed, validate)
+        for name, steps in (("baseline", 0), ("baseline_finetune", setup.inner_steps)):
+            if name not in contenders:
+                continue
+            predict = fine_tuned_predictions(baseline, steps, setup.finetune_lr,
+                                             setup.fast_weights, setup.adapt_embeddings)
+            out[name] = scored(path, seed, validate, predict, baseline.head)
+            print(f"seed {seed} {name}: {out[name]} ({time.perf_counter() - start:.0f}s)",
+                  flush=True)
     out["split"] = {k: manifest.split.get(k) for k in ("warm_tasks", "cold_tasks")}
     return out
 
 
-def summarize(runs: list[dict]) -> dict:
+def summarize(runs: list[dict], contenders: tuple[str, ...]) -> dict:
     table = {}
-    for c in CONTENDERS:
+    for c in contenders:
         table[c] = {}
         for m in METRICS:
             values = np.array([r[c][m] for r in runs])
@@ -132,12 +246,26 @@ def summarize(runs: list[dict]) -> dict:
     return table
 
 
-def print_table(table: dict, seeds: list[int]) -> None:
-    print(f"\ncold users, mean +- std over seeds {seeds}")
+def print_table(table: dict, seeds: list[int], users: str) -> None:
+    print(f"\n{users} users, mean +- std over seeds {seeds}")
     print(f"{'model':<20}" + "".join(f"{m:>20}" for m in METRICS))
     for c, row in table.items():
         print(f"{c:<20}" + "".join(f"{row[m]['mean']:>12.4f} +-{row[m]['std']:.4f}"
                                    for m in METRICS))
+
+
+def meta_beats_baselines(table: dict) -> dict:
+    """Per metric: does the best meta model beat both baselines (higher AUC and nDCG,
+    lower MAE)?"""
+    out = {}
+    for m in METRICS:
+        sign = -1.0 if m == "mae" else 1.0
+        meta = [sign * table[c][m]["mean"] for c in META if c in table]
+        base = [sign * table[c][m]["mean"] for c in ("baseline", "baseline_finetune")
+                if c in table]
+        if meta and base:
+            out[m] = max(meta) > max(base)
+    return out
 
 
 def main() -> None:
@@ -145,21 +273,30 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, few epochs")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated split/init seeds")
     parser.add_argument("--epochs", type=int, default=None, help="passes over the warm users")
+    parser.add_argument("--validate", action="store_true",
+                        help="score held-out warm users instead of the cold users (tuning)")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override fields of Setup")
+    parser.add_argument("--work", help="keep converted datasets here (reused across runs)")
     args = parser.parse_args()
     if not ML100K.is_dir():
         raise SystemExit(f"MovieLens 100K not found at {ML100K}")
+    setup = parse_set(Setup(), args.set)
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
-    epochs = args.epochs or (3 if args.quick else 20)
-    with tempfile.TemporaryDirectory() as work:
-        runs = [run_seed(s, epochs, work) for s in seeds]
-    table = summarize(runs)
-    print_table(table, seeds)
-    best_meta_mae = min(table[c]["mae"]["mean"] for c in ("maml", "fomaml", "reptile"))
-    best_base_mae = min(table[c]["mae"]["mean"] for c in ("baseline", "baseline_finetune"))
+    if args.epochs or args.quick:
+        setup = dataclasses.replace(setup, epochs=args.epochs or 3)
+    contenders = tuple(c for c in CONTENDERS if c in args.contenders.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or tmp
+        os.makedirs(work, exist_ok=True)
+        runs = [run_seed(s, setup, work, contenders, args.validate) for s in seeds]
+    table = summarize(runs, contenders)
+    print_table(table, seeds, "held-out warm" if args.validate else "cold")
     print(json.dumps({"benchmark": "cold_start", "dataset": "ml-100k", "seeds": seeds,
-                      "epochs": epochs, "inner_steps": INNER_STEPS, "inner_lr": INNER_LR,
-                      "table": table, "runs": runs,
-                      "meta_beats_baseline_mae": best_meta_mae < best_base_mae,
+                      "scored": "held-out warm users" if args.validate else "cold users",
+                      "setup": dataclasses.asdict(setup), "table": table, "runs": runs,
+                      "meta_beats_baselines": meta_beats_baselines(table),
                       "reference_melu_ml1m": {"melu5_mae": 0.785, "wide_deep_mae": 1.069}}))
 
 

@@ -10,13 +10,11 @@
                      guarded child process because it crashes (tensorflow/io#1782)
    and, as the raw peer figure, tensorflow-io's plain ``IODataset.from_parquet().batch(8192)``
    scan. Slow readers stop after a time budget; rows/s counts real (unpadded) rows.
-3. Measures how fast a representative meta training step consumes the same batches.
-   STAND-IN: no MetaModel exists yet. The step here is MeLU-sized: embeddings (dim 16) of the
-   sparse features gathered from tf.Variable tables (ids modulo a bucket count), multi-hot
-   genres mean-pooled, an MLP 64-64-1 whose weights are adapted per task by one inner SGD
-   step on the support set (batched over the T tasks), the query loss under the adapted
-   weights, and an outer Adam step (second order), all in one tf.function. The real
-   MetaModel step replaces ``StandInMetaStep`` once it lands.
+3. Measures how fast the real meta training step consumes the same batches:
+   ``MetaModel.train_step`` under tf.function (second-order MAML, k=1) with a MeLU tower
+   over a ``ShardedHashEmbedding`` (one table per sparse feature, dim 16, sparse Adagrad;
+   genres mean-pooled; MLP 64-64-1 adapted per task; binary head on ``label``; dense Adam),
+   fed the reader's batches of T whole tasks (see ``make_meta_model``).
 
 Usage: python -m benchmarks.meta_io [--quick] [--tasks N] [--rows-per-task R] [--keep DIR]
 The last stdout line is one JSON object; ``ratio_vs_consumption`` is the default reader's
@@ -39,10 +37,15 @@ import tensorflow as tf  # noqa: E402
 
 from gmeta_tf import data  # noqa: E402
 from gmeta_tf.data import synthetic  # noqa: E402
+from gmeta_tf.embedding import Adagrad, FeatureConfig, ShardedHashEmbedding, TableConfig  # noqa: E402
+from gmeta_tf.meta import MetaConfig, MetaModel  # noqa: E402
+from gmeta_tf.models import BinaryHead, MeLUTower  # noqa: E402
 
 T, S, Q = 32, 20, 5
 TARGET_RATIO = 3.0
-SPARSE = ("user_id", "item_id", "category", "age")
+ITEM_FEATURES = ("item_id", "category", "genres")
+USER_FEATURES = ("user_id", "age")
+DIM = 16
 
 
 def log(msg: str) -> None:
@@ -132,77 +135,43 @@ def compare_readers(paths: dict, budget_s: float) -> dict:
     return results
 
 
-# -- the stand-in meta training step -----------------------------------------------------------
+# -- the meta training step ----------------------------------------------------------------
 
 
-class StandInMetaStep:
-    """STAND-IN for the MetaModel step (see the module docstring); MeLU-sized.
+def make_meta_model(inner_steps: int = 1, inner_lr: float = 0.1) -> MetaModel:
+    """The real meta step: MeLU tower over ShardedHashEmbedding, second-order MAML.
 
-    Embedding tables: one tf.Variable [buckets, 16] per sparse feature and for genres; ids
-    are taken modulo ``buckets``. Tower: [5 x 16 embeddings, price] -> 64 -> 64 -> 1.
+    One hash table (dim 16, sparse Adagrad) per sparse feature, genres mean-pooled; tower
+    [item_id, category, genres | user_id, age] -> 64 -> 64 -> 1 (MeLU's tower reads no
+    dense feature, so ``price`` is not used); binary head on ``label``; k=1 inner SGD step
+    on the whole tower, dense Adam 1e-3.
     """
-
-    def __init__(self, buckets: int = 1 << 17, dim: int = 16, inner_lr: float = 0.1) -> None:
-        init = tf.random_normal_initializer(stddev=0.05, seed=1)
-        self.buckets, self.inner_lr = buckets, inner_lr
-        self.tables = {f: tf.Variable(init([buckets, dim])) for f in (*SPARSE, "genres")}
-        sizes = [(len(self.tables) * dim + 1, 64), (64, 64), (64, 1)]
-        self.dense = [tf.Variable(init(s)) for s in sizes] + [tf.Variable(tf.zeros([s[1]])) for s in sizes]
-        self.optimizer = tf.keras.optimizers.Adam(1e-3)
-
-    def _inputs(self, part: dict) -> tf.Tensor:
-        embs = [tf.gather(self.tables[f], tf.math.floormod(part[f], self.buckets)) for f in SPARSE]
-        genres = part["genres"]
-        real = tf.cast(genres >= 0, tf.float32)[..., None]
-        pooled = tf.reduce_sum(tf.gather(self.tables["genres"], tf.math.floormod(genres, self.buckets))
-                               * real, axis=2) / tf.maximum(tf.reduce_sum(real, axis=2), 1.0)
-        price = tf.math.log1p(part["price"])[..., None]
-        return tf.concat([*embs, pooled, price], axis=-1)  # [T, N, 81]
-
-    @staticmethod
-    def _tower(x: tf.Tensor, weights: list[tf.Tensor]) -> tf.Tensor:
-        """Per-task weights: every w has a leading task axis."""
-        (w1, w2, w3), (b1, b2, b3) = weights[:3], weights[3:]
-        h = tf.nn.relu(tf.einsum("tni,tio->tno", x, w1) + b1[:, None])
-        h = tf.nn.relu(tf.einsum("tni,tio->tno", h, w2) + b2[:, None])
-        return tf.squeeze(tf.einsum("tni,tio->tno", h, w3) + b3[:, None], -1)
-
-    @staticmethod
-    def _loss(logits: tf.Tensor, part: dict) -> tf.Tensor:
-        per_row = tf.nn.sigmoid_cross_entropy_with_logits(labels=part["label"], logits=logits)
-        return tf.reduce_sum(per_row * part["mask"]) / tf.maximum(tf.reduce_sum(part["mask"]), 1.0)
-
-    @tf.function(reduce_retracing=True)
-    def step(self, batch: dict) -> tf.Tensor:
-        tasks = tf.shape(batch["task_id"])[0]
-        with tf.GradientTape() as outer:
-            support, query = self._inputs(batch["support"]), self._inputs(batch["query"])
-            slow = [tf.tile(w[None], [tasks] + [1] * len(w.shape)) for w in self.dense]
-            with tf.GradientTape() as inner:
-                inner.watch(slow)
-                inner_loss = self._loss(self._tower(support, slow), batch["support"])
-            grads = inner.gradient(inner_loss, slow)
-            # The support loss is a mean over all T tasks: scale back to per-task gradients.
-            fast = [w - self.inner_lr * tf.cast(tasks, tf.float32) * g for w, g in zip(slow, grads)]
-            query_loss = self._loss(self._tower(query, fast), batch["query"])
-        variables = list(self.tables.values()) + self.dense
-        self.optimizer.apply_gradients(zip(outer.gradient(query_loss, variables), variables))
-        return query_loss
+    names = (*ITEM_FEATURES, *USER_FEATURES)
+    tables = [TableConfig(n, DIM, optimizer=Adagrad(0.05)) for n in names]
+    features = [FeatureConfig(n, n, combiner="mean" if n == "genres" else None) for n in names]
+    model = MetaModel(ShardedHashEmbedding(tables, features),
+                      MeLUTower(ITEM_FEATURES, USER_FEATURES, DIM, (64, 64)),
+                      BinaryHead("label"),
+                      MetaConfig("maml", inner_steps=inner_steps, inner_lr=inner_lr))
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-3))
+    return model
 
 
 def consumption_rate(path: str, steps: int) -> dict:
-    """Rows/s the stand-in step consumes, on batches held in memory (no I/O in the loop)."""
+    """Rows/s the MetaModel train step consumes, on batches of T tasks as the reader yields
+    them, held in memory (no I/O in the loop)."""
     batches = list(data.read_tasks(path, T, S, Q, split="warm", shuffle_seed=0).take(16))
-    model = StandInMetaStep()
-    losses = [float(model.step(b)) for b in batches[:3]]  # compile + warm up
+    model = make_meta_model()
+    step = tf.function(model.train_step, reduce_retracing=True)
+    losses = [float(step(b)["loss"]) for b in batches[:3]]  # compile + warm up
     rows, t0 = 0, time.perf_counter()
     for i in range(steps):
         b = batches[i % len(batches)]
-        model.step(b)
+        out = step(b)
         rows += real_rows(b)
-    float(model.step(batches[0]))  # wait for the last step
+    float(out["loss"])  # wait for the last step
     dt = time.perf_counter() - t0
-    log(f"stand-in meta step: {steps / dt:.1f} steps/s, {rows / dt:,.0f} rows/s, first losses "
+    log(f"MetaModel meta step: {steps / dt:.1f} steps/s, {rows / dt:,.0f} rows/s, first losses "
         f"{[round(v, 3) for v in losses]}")
     return {"rows_per_s": round(rows / dt), "steps_per_s": round(steps / dt, 2),
             "rows_per_step": round(rows / steps, 1)}
@@ -241,7 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
                                for fmt, rs in readers.items()},
         "readers": readers,
         "consumption": consumption,
-        "consumption_step": "stand-in MeLU-sized meta step (benchmarks/meta_io.StandInMetaStep)",
+        "consumption_step": "MetaModel.train_step: MAML k=1, MeLU tower 64-64 over "
+                            "ShardedHashEmbedding dim 16 (benchmarks/meta_io.make_meta_model)",
         "default_reader": "arrow (parquet)",
         "default_rows_per_s": default,
         "ratio_vs_consumption": round(default / max(consumption["rows_per_s"], 1), 2),

@@ -107,16 +107,19 @@ def evaluate_tasks(predict: PredictFn, batches: Iterable[Mapping], head: Head, k
 
 
 def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
-                           fast_weights: tuple[str, ...] = ()) -> PredictFn:
+                           fast_weights: tuple[str, ...] = (),
+                           adapted_embeddings: tuple[str, ...] = ()) -> PredictFn:
     """The non-meta baseline's predict function: fine-tune on each task's support set.
 
     ``steps`` SGD steps at ``learning_rate`` on the support rows of each task (all tasks
     batched, as the meta model's inner loop) adapt the tower weights ``fast_weights``
-    (default all), then the query rows are scored; ``steps=0`` scores without fine-tuning.
-    The model itself is not changed.
+    (default all) and the task's own embedding rows of ``adapted_embeddings`` (as
+    ``MetaConfig.adapt_embeddings``), then the query rows are scored; ``steps=0`` scores
+    without fine-tuning. The model itself is not changed.
     """
     adapter = TaskAdapter(model.tower, model.head,
-                          resolve_fast_weights(model.tower, fast_weights), (), steps)
+                          resolve_fast_weights(model.tower, fast_weights), adapted_embeddings,
+                          steps)
     rates = {n: tf.constant(float(learning_rate)) for n in adapter.fast_names}
 
     @tf.function(reduce_retracing=True)

@@ -18,13 +18,16 @@ class MetaConfig:
             learning rate is Reptile's step size).
         inner_steps: k, SGD steps on each task's support set.
         inner_lr: The inner learning rate (the initial one when learned).
-        learn_inner_lr: Meta-SGD: learn one inner learning rate per adapted layer weight
-            in the outer loop.
+        learn_inner_lr: Meta-SGD: learn the inner learning rates in the outer loop, one per
+            adapted weight tensor (or per element, see ``inner_lr_per_element``).
         fast_weights: Tower parameter names adapted in the inner loop, or prefixes of them
             ("mlp", "top"); empty means all of the tower's weights.
         adapt_embeddings: Also adapt, per task, the embedding rows of the task's own ids of
             these single-valued features (e.g. ("item_id",)); the adapted rows are
             discarded after the step, the table changes only in the outer loop.
+        inner_lr_per_element: With ``learn_inner_lr``, one learned rate per element of
+            every adapted weight (Meta-SGD as Li et al. 2017 define it; for an adapted
+            embedding feature, one per embedding column) instead of one per tensor.
     """
 
     algorithm: str = "maml"
@@ -33,6 +36,7 @@ class MetaConfig:
     learn_inner_lr: bool = False
     fast_weights: tuple[str, ...] = ()
     adapt_embeddings: tuple[str, ...] = ()
+    inner_lr_per_element: bool = False
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:

@@ -66,9 +66,19 @@ class MetaModel(tf.keras.Model):
     def _create_inner_rates(self) -> dict[str, tf.Variable]:
         if not self.config.learn_inner_lr:
             return {}
-        return {n: self.add_weight(name=f"inner_lr/{n}", shape=[], trainable=True,
+        return {n: self.add_weight(name=f"inner_lr/{n}", shape=self._inner_rate_shape(n),
+                                   trainable=True,
                                    initializer=tf.keras.initializers.Constant(self.config.inner_lr))
                 for n in self.adapter.fast_names}
+
+    def _inner_rate_shape(self, name: str) -> list[int]:
+        """[] per tensor; per element: the weight's shape (an embedding offset: its width),
+        which broadcasts over the fast weight's leading task (or pair) axis."""
+        if not self.config.inner_lr_per_element:
+            return []
+        if name in self.adapter.embedding_fast:
+            return [self.tower.embedding_dim]
+        return self.tower.params()[name].shape.as_list()
 
     def inner_learning_rates(self) -> dict[str, tf.Tensor]:
         """Fast weight name -> its inner learning rate (a learned variable under Meta-SGD)."""

@@ -77,6 +77,32 @@ def test_meta_sgd_learns_the_inner_rates():
     assert len(rates) == 4 and any(abs(r - 0.1) > 1e-5 for r in rates)
 
 
+def test_meta_sgd_per_element_learns_one_rate_per_weight_element():
+    config = MetaConfig("maml", inner_steps=1, inner_lr=0.1, learn_inner_lr=True,
+                        inner_lr_per_element=True, adapt_embeddings=("user_id",))
+    model = tiny.model(config)
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.05))
+    for s in range(3):
+        model.train_step(tiny.tasks(4, seed=s))
+    params = model.tower.params()
+    for name, rate in model.inner_lr_variables.items():
+        expected = [tiny.DIM] if name.startswith("embedding/") else params[name].shape.as_list()
+        assert rate.shape.as_list() == expected, name
+    kernel = model.inner_lr_variables["mlp/0/kernel"].numpy()
+    assert np.unique(np.round(kernel, 7)).size > 1  # the elements moved apart
+
+
+def test_fine_tuning_adapts_the_task_embedding_rows():
+    model = tiny.model(MetaConfig())
+    baseline = CTRModel(model.embedding, model.tower, model.head)
+    batch = tiny.tasks(3, seed=2)
+    model.meta_gradients(batch)  # insert the ids
+    rows_only = fine_tuned_predictions(baseline, 2, 0.2, fast_weights=("mlp/0/bias",),
+                                       adapted_embeddings=("user_id",))(batch).numpy()
+    bias_only = fine_tuned_predictions(baseline, 2, 0.2, fast_weights=("mlp/0/bias",))(batch)
+    assert np.abs(rows_only - bias_only.numpy()).max() > 1e-5
+
+
 @pytest.mark.shared_data
 def test_meta_and_baseline_train_and_evaluate_on_movielens(shared_data, tmp_path):
     path = str(tmp_path / "ml")
