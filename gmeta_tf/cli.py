@@ -155,12 +155,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _data_error() as err:
         print(f"gmeta: error: {err}", file=sys.stderr)
         return 2
+    except _checkpoint_error() as err:
+        print(f"gmeta: error: {err}", file=sys.stderr)
+        return 2
 
 
 def _data_error() -> type:
     from gmeta_tf.data.errors import DataError
 
     return DataError
+
+
+def _checkpoint_error() -> type:
+    from gmeta_tf.checkpoint import CheckpointError
+
+    return CheckpointError
 
 
 if __name__ == "__main__":

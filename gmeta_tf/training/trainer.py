@@ -99,10 +99,12 @@ class Trainer:
             raise ConfigError(f"run_dir {self.config.run_dir} already has checkpoints "
                               f"(latest {latest.name}): pass --resume to continue from it or "
                               f"--fresh to start over")
-        manifest = checkpoint.restore(latest, models.state, models.optimizers)
-        log.info("resumed from %s (step %d, saved by %d ranks)", latest, manifest["step"],
-                 manifest["world_size"])
-        return int(manifest["step"])
+        # The newest checkpoint may be damaged (a crash, a bad disk): walk back to the
+        # newest one whose checksums and arrays pass, logging why the others were skipped.
+        restored = checkpoint.restore_latest_good(self.ckpt_dir, models.state, models.optimizers)
+        log.info("resumed from %s (step %d, saved by %d ranks)", restored.directory,
+                 restored.step, restored.world_size)
+        return restored.step
 
     def _clear_if_fresh(self) -> None:
         if self.fresh and self.rank == 0 and self.ckpt_dir.exists():
