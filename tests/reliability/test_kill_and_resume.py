@@ -1,0 +1,58 @@
+"""A rank SIGKILLed mid-training brings the job down without a hang; ``gmeta train
+--resume`` walks back past a damaged checkpoint and ends with the very weights of an
+uninterrupted run (real ``horovodrun -np 2``, real signal)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from gmeta_tf import checkpoint
+from tests.reliability.launch import GLOO_TIMEOUT_SECONDS, Job, horovodrun, wait_for
+from tests.reliability.weights import assert_same_weights
+
+STEPS, EVERY = 60, 10
+
+
+def gmeta_train(config: Path, run_dir: Path, *flags: str) -> list[str]:
+    return horovodrun([sys.executable, "-m", "gmeta_tf.cli", "train", "--config", str(config),
+                       "--set", f"run_dir={run_dir}", "--set", f"train.steps={STEPS}",
+                       "--set", f"train.checkpoint_every={EVERY}", *flags])
+
+
+def test_sigkill_of_one_rank_then_resume_ends_with_uninterrupted_weights(tiny_pipeline,
+                                                                        tmp_path):
+    reference = tmp_path / "reference"
+    Job(gmeta_train(tiny_pipeline, reference, "--fresh"),
+        tmp_path / "reference.log").run_to_end(timeout=400)
+
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    job = Job(gmeta_train(tiny_pipeline, run, "--fresh"), tmp_path / "killed.log")
+    wait_for(lambda: (ckpts / f"ckpt-{2 * EVERY}" / checkpoint.MANIFEST).exists(), 300,
+             f"checkpoint ckpt-{2 * EVERY} of the run to be killed")
+    victim = job.rank_pid(1)
+    assert victim is not None, "rank 1 not found"
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = job.wait(timeout=GLOO_TIMEOUT_SECONDS + 60)  # raises if the survivor hangs
+    assert code != 0, f"the job ignored the death of rank 1:\n{job.output()[-3000:]}"
+    assert time.monotonic() - killed_at < GLOO_TIMEOUT_SECONDS + 60
+    wait_for(lambda: not job.alive_ranks(), 30, "every process of the killed job to exit")
+    assert "Exit code: 137" in job.output() or "-9" in job.output(), job.output()[-3000:]
+    done = checkpoint.complete_checkpoints(ckpts)
+    assert done and done[-1].name != f"ckpt-{STEPS}", "the kill came after the run ended"
+
+    # Damage the newest complete checkpoint: resume must notice and take the one before.
+    newest = done[-1]
+    shard = sorted((newest / "shards").glob("*.npz"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+    output = Job(gmeta_train(tiny_pipeline, run, "--resume"),
+                 tmp_path / "resumed.log").run_to_end(timeout=400)
+    assert f"skipping checkpoint {newest}" in output and "is damaged" in output, output[-3000:]
+    assert f"resumed from {done[-2]}" in output, output[-3000:]
+    assert_same_weights(reference / "checkpoints" / f"ckpt-{STEPS}", ckpts / f"ckpt-{STEPS}")
