@@ -6,6 +6,7 @@
 #include <memory>
 #include <numeric>
 #include <tuple>
+#include <unordered_map>
 
 namespace gmeta {
 namespace {
@@ -138,25 +139,24 @@ void MixCache::WriteBack(HashTable& table, const std::vector<int32_t>& slots) {
 }
 
 void MixCache::AdmitNew(HashTable& table, const std::vector<int64_t>& candidates,
-                        const int64_t* ids, const int64_t* counts, const float* values,
-                        int64_t step) {
-  // One candidate per id (an id may come from several requesters): its total count.
+                        const int64_t* ids, const int64_t* counts, int64_t num_ids,
+                        const float* values, int64_t step) {
+  // One candidate per id. An id may come from several requesters, some of whose counts
+  // were too small to make it a candidate: its frequency in the table is the total.
   struct Candidate {
     int64_t id, count, pos;
   };
-  std::vector<Candidate> cands;
-  cands.reserve(candidates.size());
-  for (int64_t pos : candidates) cands.push_back({ids[pos], counts ? counts[pos] : 1, pos});
-  std::sort(cands.begin(), cands.end(),
-            [](const Candidate& a, const Candidate& b) { return std::tie(a.id, a.pos) < std::tie(b.id, b.pos); });
-  std::vector<Candidate> merged;
-  for (const Candidate& c : cands) {
-    if (!merged.empty() && merged.back().id == c.id) {
-      merged.back().count += c.count;
-    } else {
-      merged.push_back(c);
-    }
+  std::unordered_map<int64_t, int64_t> first_pos;  // candidate id -> first position
+  first_pos.reserve(candidates.size() * 2);
+  for (int64_t pos : candidates) first_pos.emplace(ids[pos], pos);
+  std::unordered_map<int64_t, int64_t> total;
+  total.reserve(first_pos.size() * 2);
+  for (int64_t k = 0; k < num_ids; ++k) {
+    if (first_pos.count(ids[k])) total[ids[k]] += counts ? counts[k] : 1;
   }
+  std::vector<Candidate> merged;
+  merged.reserve(first_pos.size());
+  for (const auto& [id, pos] : first_pos) merged.push_back({id, total[id], pos});
   // The cache wants the hottest; ties broken by id so every run agrees.
   std::sort(merged.begin(), merged.end(), [](const Candidate& a, const Candidate& b) {
     return a.count != b.count ? a.count > b.count : a.id < b.id;
@@ -263,7 +263,7 @@ void MixCache::LookupOrInsert(HashTable& table, const int64_t* ids, const int64_
     std::memcpy(values + miss[k] * dim_, miss_values.data() + k * dim_, dim_ * sizeof(float));
   }
   if (!candidates.empty()) {
-    AdmitNew(table, candidates, miss_ids.data(), counts ? miss_counts.data() : nullptr,
+    AdmitNew(table, candidates, miss_ids.data(), counts ? miss_counts.data() : nullptr, m,
              miss_values.data(), step);
   }
 }

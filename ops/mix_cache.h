@@ -94,7 +94,7 @@ class MixCache {
   void Erase(int64_t key);
   void WriteBack(HashTable& table, const std::vector<int32_t>& slots);
   void AdmitNew(HashTable& table, const std::vector<int64_t>& candidates, const int64_t* ids,
-                const int64_t* counts, const float* values, int64_t step);
+                const int64_t* counts, int64_t num_ids, const float* values, int64_t step);
 
   const TableConfig table_config_;
   const int64_t dim_;
