@@ -115,6 +115,7 @@ class HybridTrainer:
         self._hist = np.zeros(self.staleness + 1, np.int64)
         self._wait_for_rows = 0.0
         self._applied_total = 0  # batches whose update this rank applied, over all fits
+        self._rebalance_time = 0.0
         self._dense_time = 0.0
         self._pull = tf.function(self._pull_step, reduce_retracing=True)
         self._push = tf.function(self._push_step, reduce_retracing=True)
@@ -153,6 +154,7 @@ class HybridTrainer:
             self.embedding.build(None)
         ready: queue.Queue = queue.Queue()  # embedding thread -> main: (batch, pulled)
         grads: queue.Queue = queue.Queue()  # main -> embedding thread: row gradients
+        self._stop = threading.Event()
         worker = threading.Thread(target=self._embedding_thread, args=(iter(batches), ready, grads),
                                   name="gmeta-hybrid-embedding", daemon=True)
         worker.start()
@@ -174,6 +176,7 @@ class HybridTrainer:
                     self.records[index].row_grads = [g.numpy() for g in row_grads]
                 grads.put(row_grads)
         except BaseException as err:
+            self._stop.set()  # no further exchange: the other ranks may not be there
             grads.put(err)  # unblocks the embedding thread, which then stops
             raise
         finally:
@@ -185,7 +188,7 @@ class HybridTrainer:
         pulled_count = applied = 0
         exhausted = False
         try:
-            while True:
+            while not self._stop.is_set():
                 if not exhausted and pulled_count - applied <= self.staleness:
                     batch = next(batches, _END)
                     if batch is _END:
@@ -211,16 +214,27 @@ class HybridTrainer:
                     self._push(pending.pop(0), row_grads)
                     applied += 1
                     self._applied_total += 1
+                    self._rebalance_caches()
                 else:
                     return
         except BaseException as err:  # hand it to the main thread
             ready.put(err)
 
+    def _rebalance_caches(self) -> None:
+        """Re-fills each MixCache whose ``rebalance_every`` divides the updates applied
+        (local work on this rank's shards, between two exchanges: no collective)."""
+        for name, shard in self.embedding.shards.items():
+            every = getattr(getattr(shard, "cache", None), "rebalance_every", 0)
+            if every and self._applied_total % every == 0:
+                start = time.perf_counter()
+                shard.rebalance()
+                self._rebalance_time += time.perf_counter() - start
+
     # ---- metrics ------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
         """Steps, the staleness seen (max, mean, histogram: batches pulled with k updates
-        missing), seconds the dense steps waited for rows and spent computing, and each
-        MixCache's counters on this rank."""
+        missing), seconds the dense steps waited for rows and spent computing, seconds
+        spent re-filling caches, and each MixCache's counters on this rank."""
         steps = int(self._hist.sum())
         seen = np.flatnonzero(self._hist)
         return {
@@ -232,5 +246,6 @@ class HybridTrainer:
             "staleness_hist": self._hist.tolist(),
             "wait_for_rows_s": self._wait_for_rows,
             "dense_s": self._dense_time,
+            "cache_rebalance_s": self._rebalance_time,
             "cache": self.embedding.cache_stats(),
         }

@@ -48,17 +48,22 @@ class MixCacheConfig:
     Args:
         capacity: Rows the cache holds, >= 1.
         min_count: Times an id must occur in one lookup to be admitted on first sight, >= 1.
+        rebalance_every: Every this many training steps, :class:`HybridTrainer` re-fills
+            the cache with the host table's most frequent ids (``rebalance``: one export
+            of the shard, so it costs time); 0 never does. Ids first seen as rare that
+            turn hot enter the cache only this way.
 
     Example::
 
-        MixCacheConfig(capacity=20_000, min_count=2)
+        MixCacheConfig(capacity=20_000, min_count=2, rebalance_every=100)
     """
 
     capacity: int
     min_count: int = 2
+    rebalance_every: int = 0
 
     def __post_init__(self):
-        for name, low in (("capacity", 1), ("min_count", 1)):
+        for name, low in (("capacity", 1), ("min_count", 1), ("rebalance_every", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"MixCacheConfig.{name} must be an integer >= {low}, "

@@ -38,7 +38,8 @@ STEPS = 9
 SPLIT_AT = 5  # h2* runs fit twice (rebalancing the caches in between): same schedule for all
 RUNS = ("sync", "h0", "h2", "h2c", "h2w")
 CACHES = {
-    "h2c": {"a": MixCacheConfig(capacity=8, min_count=1), "b": MixCacheConfig(capacity=4)},
+    "h2c": {"a": MixCacheConfig(capacity=8, min_count=1, rebalance_every=3),
+            "b": MixCacheConfig(capacity=4)},
     "h2w": {"a": MixCacheConfig(capacity=1), "b": MixCacheConfig(capacity=1)},
 }
 

@@ -105,6 +105,8 @@ def test_bad_cache_settings_name_the_value_and_what_is_allowed():
         MixCacheConfig(capacity=1.5)
     with pytest.raises(ValueError, match=r"min_count must be an integer >= 1, got -1"):
         MixCacheConfig(capacity=10, min_count=-1)
+    with pytest.raises(ValueError, match=r"rebalance_every must be an integer >= 0, got -3"):
+        MixCacheConfig(capacity=10, rebalance_every=-3)
     with pytest.raises(ValueError, match=r"below 2\*\*31"):
         MixCacheConfig(capacity=2**31)
     with pytest.raises(ValueError, match=r"admit_after <= 1.*admit_after=3"):
