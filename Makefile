@@ -13,8 +13,10 @@ setup:
 ops:
 	@$(MAKE) -s -C ops PYTHON=$(abspath $(PY))
 
+# The main job: generate users -> horovodrun -np 2 meta-training -> cold-start eval against
+# the baseline -> SavedModel export -> serve it in a fresh process -> summary table.
 demo: setup
-	@$(PY) -m gmeta_tf.demo
+	@$(PY) -m gmeta_tf.demo $(DEMO_ARGS)
 
 test: setup
 	@$(PY) -m pytest -q tests

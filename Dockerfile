@@ -1,0 +1,69 @@
+# gmeta-tf image: the project set up by scripts/setup.sh (the same script `make demo` and
+# `make test` run), so the image holds the pinned stack, Horovod and the op library.
+#
+#   CPU (default):  docker build -t gmeta-tf .
+#   GPU:            docker build --build-arg VARIANT=gpu -t gmeta-tf:gpu .
+#
+# The GPU variant starts from CUDA 12.3 (what TensorFlow 2.16 is built against), installs
+# `tensorflow[and-cuda]` in place of `tensorflow-cpu` (same version, same ABI), and builds
+# Horovod with NCCL for GPU all-reduce (HOROVOD_GPU_OPERATIONS=NCCL); hash tables stay in
+# host memory, the dense tower runs on each rank's GPU.
+#
+#   docker run --rm gmeta-tf demo                       # the main job (make demo)
+#   docker run --rm gmeta-tf test                       # the test suite (make test)
+#   docker run --rm -v $PWD/runs:/opt/gmeta-tf/runs gmeta-tf gmeta eval --config default
+#   docker run --rm --gpus all gmeta-tf:gpu horovodrun -np 4 -H localhost:4 gmeta train
+#
+# ../shared/data (MovieLens, Criteo) is not in the image: mount it at /opt/shared/data.
+
+ARG VARIANT=cpu
+
+FROM python:3.11-slim-bookworm AS base-cpu
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ cmake make openssh-client \
+ && rm -rf /var/lib/apt/lists/*
+ENV GMETA_TF_PACKAGE=tensorflow-cpu
+
+FROM nvidia/cuda:12.3.2-devel-ubuntu22.04 AS base-gpu
+# The devel image carries nvcc and NCCL (libnccl2, libnccl-dev) that Horovod builds against.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      software-properties-common \
+ && add-apt-repository -y ppa:deadsnakes/ppa \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3.11 python3.11-venv python3.11-dev g++ cmake make openssh-client \
+ && rm -rf /var/lib/apt/lists/*
+ENV GMETA_TF_PACKAGE="tensorflow[and-cuda]" \
+    HOROVOD_GPU_OPERATIONS=NCCL \
+    HOROVOD_NCCL_LINK=SHARED
+
+FROM base-${VARIANT}
+WORKDIR /opt/gmeta-tf
+ENV TF_USE_LEGACY_KERAS=1 \
+    TF_CPP_MIN_LOG_LEVEL=2 \
+    PYTHON=python3.11
+
+# Requirements and the set-up script first, so code changes do not rebuild the stack.
+COPY requirements.txt ./
+COPY scripts/ scripts/
+COPY ops/ ops/
+COPY Makefile pyproject.toml README.md ./
+COPY gmeta_tf/ gmeta_tf/
+# The GPU variant swaps the pinned tensorflow-cpu line for the GPU build of the same
+# version in the image's copy of requirements.txt; everything else is setup.sh as is.
+RUN if [ "$GMETA_TF_PACKAGE" != "tensorflow-cpu" ]; then \
+      sed -i "s/^tensorflow-cpu==/${GMETA_TF_PACKAGE}==/" requirements.txt; \
+    fi \
+ && bash scripts/setup.sh \
+ && rm -rf /root/.cache/pip
+
+COPY pipelines/ pipelines/
+COPY benchmarks/ benchmarks/
+COPY tests/ tests/
+COPY .ci/ .ci/
+COPY docker/ docker/
+RUN chmod +x docker/entrypoint.sh
+
+ENV PATH=/opt/gmeta-tf/.venv/bin:$PATH
+ENTRYPOINT ["/opt/gmeta-tf/docker/entrypoint.sh"]
+CMD ["demo"]
