@@ -8,8 +8,9 @@ columns through the bottom MLP, 26 categorical columns hashed to int64 ids), the
 DLRMTower, the binary head, the dense optimizer (Adam 1e-3), batch size and epochs. They
 train on ../shared/data/criteo/train.tsv and are scored on dev.tsv (AUC, log loss):
 
-- gmeta: ShardedHashEmbedding, one table per column, no vocabulary, fused sparse Adagrad
-  (or Adam with --sparse-optimizer adam), under horovodrun sharded over the ranks;
+- gmeta: ShardedHashEmbedding, one table per column, no vocabulary, fused sparse Adam
+  1e-3 (the peer's optimizer, so only the embedding differs; --sparse-optimizer adagrad
+  for Adagrad 0.05), under horovodrun sharded over the ranks;
 - keras: per column an IntegerLookup built on the train split (unknown ids -> OOV row)
   and a tf.keras.layers.Embedding trained by the same Adam as the tower.
 
@@ -137,7 +138,7 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--sparse-optimizer", choices=["adagrad", "adam"], default="adagrad")
+    parser.add_argument("--sparse-optimizer", choices=["adagrad", "adam"], default="adam")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.epochs = 1, 1
