@@ -109,7 +109,9 @@ def run_export(args: argparse.Namespace) -> int:
     from gmeta_tf.serving import export_pipeline
 
     info = export_pipeline(_config(args), args.checkpoint, args.out)
-    print(json.dumps(info, indent=1))
+    print(json.dumps({"path": info["path"], "table_rows": info["table_rows"],
+                      "signatures": {k: sorted(v["inputs"]) for k, v in
+                                     info["signatures"].items()}}))
     return 0
 
 

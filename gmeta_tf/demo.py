@@ -108,6 +108,7 @@ def summary_table(config: PipelineConfig, np_: int, seconds: dict[str, float],
     data = json.loads((run / "data_summary.json").read_text())
     export = json.loads((run / "export_info.json").read_text())
     splits = data["splits"]
+    seconds = {k: round(v, 1) for k, v in seconds.items()}
     stages = [
         {"stage": "data", "seconds": seconds["data"], "result":
          f"{sum(s['tasks'] for s in splits.values()):,} tasks "
@@ -124,7 +125,7 @@ def summary_table(config: PipelineConfig, np_: int, seconds: dict[str, float],
          f"{export['path']} (signatures {', '.join(sorted(export['signatures']))})"},
         {"stage": "serve", "seconds": seconds["serve"], "result":
          f"fresh process, gmeta_tf imported: {served['gmeta_imported']}, "
-         f"{served['rows']} query rows scored in {served['ms']} ms"},
+         f"{served['rows']} query rows scored (first call {served['ms']} ms)"},
     ]
     columns = [c for c in TABLE_COLUMNS if any(r.get(c) is not None for r in evaluation["rows"])]
     columns = [c if c != "ndcg@3" else f"ndcg@{config.eval.ndcg_k}" for c in columns]
