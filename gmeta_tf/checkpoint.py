@@ -64,7 +64,8 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or damaged."""
 
 
-def _sharded_layers(model) -> list[ShardedHashEmbedding]:
+def sharded_layers(model) -> list[ShardedHashEmbedding]:
+    """The ShardedHashEmbedding layers of model (model itself included), in order."""
     layers = [m for m in model.submodules if isinstance(m, ShardedHashEmbedding)]
     if isinstance(model, ShardedHashEmbedding):
         layers.insert(0, model)
@@ -134,7 +135,7 @@ def save(root: str | os.PathLike, model, step: int, optimizer=None,
                     stale.unlink()
         shards_dir.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
-    for layer in _sharded_layers(model):
+    for layer in sharded_layers(model):
         arrays = {f"{table}/{field}": value
                   for table, snap in layer.export_shards().items()
                   for field, value in snap.items()}
@@ -406,7 +407,7 @@ def restore(directory: str | os.PathLike, model, optimizer=None) -> dict:
     """
     directory = Path(directory)
     manifest = verify(directory)
-    layers = _sharded_layers(model)
+    layers = sharded_layers(model)
     shards = {}
     for layer in layers:
         shards[layer.name] = [_load_npz(p) for p in _shard_paths(directory, manifest, layer.name)]
