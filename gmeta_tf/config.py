@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -32,6 +33,9 @@ import yaml
 #: Where the embedded default pipeline lives (shipped with the project).
 PIPELINES_DIR = Path(__file__).resolve().parents[1] / "pipelines"
 DEFAULT_PIPELINE = "default"
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class ConfigError(ValueError):
@@ -240,9 +244,14 @@ def load_config(name_or_path: str | os.PathLike | None = None,
     """
     path = resolve_pipeline(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path}: not valid YAML ({err})") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path}: not UTF-8 text ({err})") from err
+    except RecursionError as err:
+        raise ConfigError(f"config file {path}: nested too deeply to be a pipeline "
+                          f"config") from err
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path}: expected a mapping at the top, got "
                           f"{type(raw).__name__}")
@@ -351,10 +360,14 @@ def _scalar(hint: Any, value: Any, key: str):
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _fail(key, value, "an integer")
+        if not _INT64_MIN <= value <= _INT64_MAX:  # TF and NumPy take int64 at most
+            raise _fail(key, value, "an integer that fits in int64")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _fail(key, value, "a number")
+        if not math.isfinite(value):  # NaN passes every range check: refuse it here
+            raise _fail(key, value, "a finite number (not NaN or infinity)")
         return float(value)
     if hint is str:
         if not isinstance(value, str) or not value:
