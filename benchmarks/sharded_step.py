@@ -93,8 +93,9 @@ def step_bytes(ids: np.ndarray) -> dict[str, int]:
     local = [sent + splits,
              n_raw * (8 + 8 * DIM) + splits,
              n_unique * (8 + 8 * DIM) + splits]
-    vsi, raw, minimum = distributed.sum_over_ranks(local)
-    return {"vsi": vsi, "raw": raw, "min": minimum, "raw_ids": distributed.sum_over_ranks([n_raw])[0]}
+    vsi, raw, minimum = (int(v) for v in distributed.sum_over_ranks(local))
+    return {"vsi": vsi, "raw": raw, "min": minimum,
+            "raw_ids": int(distributed.sum_over_ranks([n_raw])[0])}
 
 
 def global_unique(batches: list[np.ndarray]) -> int:
@@ -115,11 +116,7 @@ def criteo_batch(rows: int) -> np.ndarray | None:
 
 def bytes_report(name: str, ids: np.ndarray) -> dict:
     b = step_bytes(ids)
-    everyone = [ids]
-    if distributed.size() > 1:
-        import horovod.tensorflow as hvd
-        everyone = [hvd.allgather(tf.constant(ids.ravel())).numpy()]
-    u_global = global_unique(everyone)
+    u_global = global_unique([distributed.allgather(ids)])
     min_global = u_global * (8 + 8 * DIM) + 3 * distributed.size() * 4 * distributed.size()
     return {
         f"{name}_ids": b["raw_ids"], f"{name}_unique_global": u_global,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 
+import numpy as np
 import tensorflow as tf
 
 _LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -159,10 +160,21 @@ def barrier() -> None:
         hvd.allreduce(tf.constant(0.0), name="gmeta_barrier")
 
 
-def sum_over_ranks(values) -> list[int]:
-    """Element-wise sum of a list of integers over all ranks (every rank gets it)."""
-    tensor = tf.constant(list(values), tf.int64)
+def sum_over_ranks(values) -> np.ndarray:
+    """Element-wise sum of a 1-D array over all ranks, on every rank (int64 or float64)."""
+    array = np.asarray(values)
+    dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64
+    tensor = tf.constant(array.astype(dtype).reshape(-1))
     hvd = _hvd()
     if hvd is not None and hvd.size() > 1:
         tensor = hvd.allreduce(tensor, op=hvd.Sum, name="gmeta_sum_over_ranks")
-    return [int(v) for v in tensor.numpy()]
+    return tensor.numpy()
+
+
+def allgather(values) -> np.ndarray:
+    """Every rank's 1-D array (lengths may differ), concatenated in rank order, on every rank."""
+    tensor = tf.constant(np.asarray(values).reshape(-1))
+    hvd = _hvd()
+    if hvd is not None and hvd.size() > 1:
+        tensor = hvd.allgather(tensor, name="gmeta_allgather")
+    return tensor.numpy()

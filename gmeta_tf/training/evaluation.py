@@ -51,33 +51,6 @@ def _main_predict(models: Models, config: PipelineConfig) -> PredictFn:
 
 # ---- periodic evaluation, on every rank --------------------------------------------------
 
-def sum_over_ranks(values: np.ndarray) -> np.ndarray:
-    """Element-wise sum of a float array over all ranks (identity on one rank)."""
-    size = distributed.size()
-    if size == 1:
-        return np.asarray(values, np.float64)
-    (mean,) = distributed.allreduce_gradients([tf.constant(values, tf.float64)])
-    return mean.numpy() * size
-
-
-def gather_to_all(values: np.ndarray) -> np.ndarray:
-    """Every rank's 1-D float array, concatenated in rank order, on every rank.
-
-    ``gmeta_tf.distributed`` has no all-gather, so this is two all-reduces: the lengths,
-    then each rank's values at its offset in an otherwise zero buffer.
-    """
-    size, rank = distributed.size(), distributed.rank()
-    if size == 1:
-        return np.asarray(values, np.float64)
-    lengths = np.zeros(size)
-    lengths[rank] = len(values)
-    lengths = np.rint(sum_over_ranks(lengths)).astype(np.int64)
-    start = int(lengths[:rank].sum())
-    buffer = np.zeros(int(lengths.sum()))
-    buffer[start:start + len(values)] = values
-    return sum_over_ranks(buffer)
-
-
 def _query_rows(batch: Mapping, predictions: np.ndarray, label: str) -> tuple[np.ndarray, ...]:
     real = np.asarray(batch["query"]["mask"]) > 0
     return predictions[real], np.asarray(batch["query"][label])[real]
@@ -101,8 +74,9 @@ def periodic_metrics(models: Models, config: PipelineConfig) -> dict[str, float]
         preds.append(pred)
         labels.append(label)
         binaries.append(_query_rows(batch, p, binary)[1])
-    pred, label, binary_label = (gather_to_all(np.concatenate(x) if x else np.zeros(0))
-                                 for x in (preds, labels, binaries))
+    pred, label, binary_label = (
+        distributed.allgather(np.concatenate(x).astype(np.float64) if x else np.zeros(0))
+        for x in (preds, labels, binaries))
     if not len(pred):
         return {}
     out = {"auc": metrics.auc(binary_label, pred), "rows": float(len(pred))}

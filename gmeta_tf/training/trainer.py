@@ -36,7 +36,7 @@ from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config
 from gmeta_tf.meta import task_rows
 from gmeta_tf.training.devices import configure_devices
-from gmeta_tf.training.evaluation import periodic_metrics, sum_over_ranks
+from gmeta_tf.training.evaluation import periodic_metrics
 from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
 from gmeta_tf.training.progress import ProgressBar
 
@@ -184,10 +184,10 @@ class Trainer:
                 tensorboard: "_Scalars") -> None:
         losses = {k: float(v) for k, v in out.items()}
         names = sorted(losses)
-        mean = sum_over_ranks(np.array([losses[k] for k in names])) / self.size
+        mean = distributed.sum_over_ranks(np.array([losses[k] for k in names])) / self.size
         losses = dict(zip(names, mean))
         samples, seconds = meter.since_last()
-        samples = float(sum_over_ranks(np.array([samples]))[0])
+        samples = float(distributed.sum_over_ranks(np.array([samples]))[0])
         rate = samples / max(seconds, 1e-9)
         sizes = self._table_rows(models)
         alltoall = self._alltoall_bytes()
@@ -213,14 +213,14 @@ class Trainer:
     def _table_rows(self, models: Models) -> dict[str, int]:
         sizes = models.model.embedding.table_sizes()
         names = sorted(sizes)
-        total = sum_over_ranks(np.array([sizes[n] for n in names], np.float64))
+        total = distributed.sum_over_ranks(np.array([sizes[n] for n in names], np.float64))
         return {n: int(round(v)) for n, v in zip(names, total)}
 
     def _alltoall_bytes(self) -> float:
         """All-to-all payload bytes (forward and backward) sent by all ranks so far."""
         counts = distributed.collective_counts()
         mine = counts["alltoall_bytes"] + counts["alltoall_grad_bytes"]
-        return float(sum_over_ranks(np.array([mine], np.float64))[0])
+        return float(distributed.sum_over_ranks(np.array([mine], np.float64))[0])
 
     def _save(self, models: Models, step: int) -> Path:
         path = checkpoint.save(self.ckpt_dir, models.state, step, models.optimizers)
@@ -239,11 +239,11 @@ class Trainer:
 
     def _result(self, start: int, models: Models, meter: "_Meter", out: dict, ckpt: Path,
                 eval_metrics: dict) -> TrainResult:
-        samples = float(sum_over_ranks(np.array([meter.total], np.float64))[0])
-        loss = float(sum_over_ranks(np.array([float(out.get("loss", np.nan))]))[0]) / self.size
+        samples = float(distributed.sum_over_ranks(np.array([meter.total], np.float64))[0])
+        loss = float(distributed.sum_over_ranks(np.array([float(out.get("loss", np.nan))]))[0]) / self.size
         baseline = None
         if "baseline_loss" in out:
-            baseline = float(sum_over_ranks(np.array([float(out["baseline_loss"])]))[0]
+            baseline = float(distributed.sum_over_ranks(np.array([float(out["baseline_loss"])]))[0]
                              ) / self.size
         steps = self.config.train.steps - start
         result = TrainResult(start, self.config.train.steps, meter.elapsed, int(samples), loss,
