@@ -88,7 +88,10 @@ class MixCache {
 
   int64_t stride() const { return dim_ * (1 + num_slots_); }
   float* Row(int32_t slot) { return arena_.data() + static_cast<int64_t>(slot) * stride(); }
-  uint64_t Home(int64_t key) const { return Mix64(static_cast<uint64_t>(key) ^ 0xC2B2AE3D27D4EB4FULL) & mask_; }
+  // Salted so the cache's probe sequence is independent of the host table's.
+  uint64_t Home(int64_t key) const {
+    return Mix64(static_cast<uint64_t>(key) ^ 0xC2B2AE3D27D4EB4FULL) & mask_;
+  }
   int32_t Find(int64_t key) const;
   int32_t Insert(int64_t key);  // a free slot, registered in the index
   void Erase(int64_t key);

@@ -389,8 +389,9 @@ class CachedExportOp : public OpKernel {
     OP_REQUIRES(ctx, res->table().config().dim == dim_ &&
                          res->table().config().num_slots == num_slots_,
                 InvalidArgument("the table has dim ", res->table().config().dim, " and ",
-                                res->table().config().num_slots, " slots; the op was built for dim ",
-                                dim_, " and ", num_slots_, " slots"));
+                                res->table().config().num_slots,
+                                " slots; the op was built for dim ", dim_, " and ", num_slots_,
+                                " slots"));
     res->cache().Flush(res->table());
     ExportedTable t = res->table().Export();
     const int64_t n = static_cast<int64_t>(t.ids.size());

@@ -103,7 +103,8 @@ class HybridTrainer:
                  dense_variables: Sequence[tf.Variable], optimizer: tf.keras.optimizers.Optimizer,
                  staleness: int = 0, record: bool = False):
         if not isinstance(embedding, ShardedHashEmbedding):
-            raise TypeError(f"embedding must be a ShardedHashEmbedding, got {type(embedding).__name__}")
+            raise TypeError(f"embedding must be a ShardedHashEmbedding, got "
+                            f"{type(embedding).__name__}")
         self.embedding = embedding
         self.loss_fn = loss_fn
         self.dense_variables = list(dense_variables)
