@@ -49,12 +49,9 @@ COPY scripts/ scripts/
 COPY ops/ ops/
 COPY Makefile pyproject.toml README.md ./
 COPY gmeta_tf/ gmeta_tf/
-# The GPU variant swaps the pinned tensorflow-cpu line for the GPU build of the same
-# version in the image's copy of requirements.txt; everything else is setup.sh as is.
-RUN if [ "$GMETA_TF_PACKAGE" != "tensorflow-cpu" ]; then \
-      sed -i "s/^tensorflow-cpu==/${GMETA_TF_PACKAGE}==/" requirements.txt; \
-    fi \
- && bash scripts/setup.sh \
+# setup.sh reads GMETA_TF_PACKAGE: the GPU variant gets the GPU build of the same pinned
+# TensorFlow; everything else is the script the README uses, as is.
+RUN bash scripts/setup.sh \
  && rm -rf /root/.cache/pip
 
 COPY pipelines/ pipelines/

@@ -18,11 +18,18 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 export PATH="$VENV/bin:$PATH"
 
-req_hash=$(hash_of requirements.txt)
+# GPU hosts: GMETA_TF_PACKAGE='tensorflow[and-cuda]' installs the GPU build of the same
+# pinned version in place of tensorflow-cpu (and Horovod then builds with
+# HOROVOD_GPU_OPERATIONS=NCCL when that is set).
+TF_PACKAGE=${GMETA_TF_PACKAGE:-tensorflow-cpu}
+requirements=$(mktemp)
+trap 'rm -f "$requirements"' EXIT
+sed "s/^tensorflow-cpu==/${TF_PACKAGE}==/" requirements.txt > "$requirements"
+req_hash=$(hash_of "$requirements")
 if [ "$(cat "$(stamp req)" 2>/dev/null)" != "$req_hash" ]; then
-  echo "[setup] installing pinned requirements"
+  echo "[setup] installing pinned requirements ($TF_PACKAGE)"
   python -m pip install --quiet --upgrade "pip==24.2" "setuptools<75" wheel
-  python -m pip install --quiet -r requirements.txt
+  python -m pip install --quiet -r "$requirements"
   echo "$req_hash" > "$(stamp req)"
 fi
 
