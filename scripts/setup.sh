@@ -10,7 +10,7 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
 stamp() { echo "$VENV/.stamp-$1"; }
-hash_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }  # content only, not file names
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating virtual environment $VENV"
