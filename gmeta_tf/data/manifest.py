@@ -55,7 +55,30 @@ class FileEntry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FileEntry":
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        """Reads one entry of the manifest's ``files``, checking every field's type.
+
+        Raises:
+            DataError: A field is missing or has the wrong type or a negative count.
+        """
+        entry = cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        for name in ("path", "split", "sha256"):
+            if not isinstance(getattr(entry, name), str) or not getattr(entry, name):
+                raise DataError(f"manifest entry field {name!r} is not allowed",
+                                value=getattr(entry, name), expected="a non-empty string")
+        for name in ("rows", "tasks", "bytes"):
+            if not _is_count(getattr(entry, name)):
+                raise DataError(f"manifest entry {entry.path!r} field {name!r} is not allowed",
+                                value=getattr(entry, name), expected="an integer >= 0")
+        if not isinstance(entry.blocks, list) or not all(
+                isinstance(b, list) and len(b) == 2 and all(map(_is_count, b))
+                for b in entry.blocks):
+            raise DataError(f"manifest entry {entry.path!r} field 'blocks' is not allowed",
+                            value=entry.blocks, expected="a list of [rows, tasks] integer pairs")
+        return entry
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclasses.dataclass
@@ -110,8 +133,10 @@ class Manifest:
                                 expected=f"one of {FILE_FORMATS}")
             return cls(Schema.from_list(d["schema"]), d["file_format"],
                        [FileEntry.from_dict(e) for e in d["files"]], d.get("split", {}))
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
             if isinstance(e, DataError):
+                if e.file is None:  # raised while parsing: name the manifest
+                    raise DataError(str(e), file=path) from e
                 raise
             raise DataError(f"malformed manifest: {e!r}", file=path) from e
 
