@@ -1,13 +1,21 @@
 """A synthetic task-structured dataset: users with their own tastes, so meta-learning helps.
 
-Each task is a user. Items have latent vectors, a popularity (Zipf-like) and 1-3 genres;
-a user's preference vector is a population mean plus a large personal deviation, so a
-global model is mediocre and a model adapted on the user's support set does much better.
+Each task is a user. Items (2,000 by default) have latent vectors (``LATENT_DIM`` = 4), a
+popularity (Zipf-like) and 1-3 genres; a user's preference vector is a population mean
+plus a large personal deviation, so a global model is mediocre and a model adapted on the
+user's support set does much better.
 ``label`` = 1 with probability sigmoid(3 * <user, item> / sqrt(dim) + item bias).
 
+The catalogue and the latent width are sized so that the item vectors can be learned from
+a demo-sized dataset: with 20,000 items in 8 dimensions most items have a handful of
+ratings, and no model learns vectors good enough to fold a new user in from ~20 rows
+(with the true item vectors that fold-in lifts AUC from ~0.76 to ~0.89; with learned ones
+it gained nothing). ``category`` and ``genres`` carry no signal about the label.
+
 Features: ``user_id``, ``item_id``, ``category`` (sparse), ``genres`` (multi-hot, width 3),
-``age`` (sparse, 7 groups), ``price`` (dense), ``label``. Everything is a pure function of
-the seed, and tasks are generated a chunk at a time (streaming).
+``age`` (sparse, 7 groups), ``price`` (dense: the log of a lognormal price, so about
+N(3, 1), a scale a tower and an inner SGD loop take as they are), ``label``. Everything is
+a pure function of the seed, and tasks are generated a chunk at a time (streaming).
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.schema import PAD_ID, TASK_COLUMN, Feature, FeatureKind, Schema
 from gmeta_tf.data.split import SplitConfig
 
-LATENT_DIM = 8
+LATENT_DIM = 4
 GENRE_WIDTH = 3
 NUM_GENRES = 18
+DEFAULT_NUM_ITEMS = 2_000
 
 SCHEMA = Schema([
     Feature("user_id", FeatureKind.SPARSE), Feature("item_id", FeatureKind.SPARSE),
@@ -63,7 +72,8 @@ class _World:
         for k in range(GENRE_WIDTH):
             genres[count > k, k] = rng.integers(0, NUM_GENRES, int((count > k).sum()))
         return cls(rng.normal(size=(num_items, LATENT_DIM)), rng.normal(0, 0.5, num_items), genres,
-                   rng.lognormal(3, 1, num_items).astype(np.float32), rng.normal(size=LATENT_DIM))
+                   np.log(rng.lognormal(3, 1, num_items)).astype(np.float32),
+                   rng.normal(size=LATENT_DIM))
 
 
 def _task_chunk(world: _World, first_task: int, num_tasks: int, rows_per_task: int,
@@ -86,7 +96,8 @@ def _task_chunk(world: _World, first_task: int, num_tasks: int, rows_per_task: i
     return cols
 
 
-def iter_rows(num_tasks: int, rows_per_task: int, seed: int = 0, num_items: int = 20_000,
+def iter_rows(num_tasks: int, rows_per_task: int, seed: int = 0,
+              num_items: int = DEFAULT_NUM_ITEMS,
               tasks_per_chunk: int = 10_000) -> Iterator[dict[str, np.ndarray]]:
     """Yields the synthetic rows, ``tasks_per_chunk`` whole tasks at a time."""
     world = _World.make(num_items, seed)
@@ -95,7 +106,8 @@ def iter_rows(num_tasks: int, rows_per_task: int, seed: int = 0, num_items: int 
 
 
 def generate(out_dir: str, num_tasks: int, rows_per_task: int = 20, seed: int = 0,
-             split: SplitConfig | None = None, output: OutputConfig | None = None) -> Manifest:
+             split: SplitConfig | None = None, output: OutputConfig | None = None,
+             num_items: int = DEFAULT_NUM_ITEMS) -> Manifest:
     """Writes a synthetic task-partitioned dataset (same pipeline as the converters).
 
     Args:
@@ -105,17 +117,25 @@ def generate(out_dir: str, num_tasks: int, rows_per_task: int = 20, seed: int = 
         seed: Seeds the data and (unless ``split`` is given) the split.
         split: Split parameters; default 80% warm, 5 query rows, tasks under 8 rows dropped.
         output: File format and sizes.
+        num_items: Size of the item catalogue.
 
     Returns:
         The manifest of the written dataset.
     """
     split = split or dataclasses.replace(DEFAULT_SPLIT, seed=seed)
     batches = (RawBatch(columns_to_batch(c), "synthetic", 0)
-               for c in iter_rows(num_tasks, rows_per_task, seed))
+               for c in iter_rows(num_tasks, rows_per_task, seed, num_items))
     return convert(batches, SCHEMA, out_dir, split=split, output=output or OutputConfig(),
                    input_bytes=num_tasks * rows_per_task * 100,
-                   source={"kind": "synthetic", "num_tasks": num_tasks,
-                           "rows_per_task": rows_per_task, "seed": seed})
+                   source=source_record(num_tasks, rows_per_task, seed, num_items))
+
+
+def source_record(num_tasks: int, rows_per_task: int, seed: int,
+                  num_items: int = DEFAULT_NUM_ITEMS) -> dict:
+    """What ``generate`` records as the dataset's source in its manifest (``split.source``):
+    a dataset whose record differs was made with other parameters or another generator."""
+    return {"kind": "synthetic", "num_tasks": num_tasks, "rows_per_task": rows_per_task,
+            "num_items": num_items, "latent_dim": LATENT_DIM, "seed": seed}
 
 
 def _joined(slots: np.ndarray, separator: str) -> pa.Array:
