@@ -43,8 +43,14 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False) -> meta_io.
     """
     d = config.data
     if dataset_exists(d.path) and not overwrite:
-        log.info("dataset %s exists: using it", d.path)
-        return meta_io.Manifest.load(d.path)
+        manifest = meta_io.Manifest.load(d.path)
+        if d.source != "synthetic" or _synthetic_matches(config, manifest):
+            log.info("dataset %s exists: using it", d.path)
+            return manifest
+        # A generated dataset is a cache of the config: made with other parameters (or an
+        # older generator), it would be trained and evaluated on silently.
+        log.info("dataset %s was generated with other parameters (%s): making it again",
+                 d.path, manifest.split.get("source"))
     output = meta_io.OutputConfig(rows_per_block=d.rows_per_block, overwrite=True)
     log.info("making dataset %s from %s", d.path, d.source)
     if d.source == "synthetic":
@@ -58,3 +64,9 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False) -> meta_io.
         return meta_io.convert_criteo(d.raw, d.path, split=_split(config, defaults), output=output)
     raise ConfigError(f"config key 'data.path' = {d.path!r} is not allowed: expected a dataset "
                       f"directory with {MANIFEST_NAME} (data.source is 'dataset')")
+
+
+def _synthetic_matches(config: PipelineConfig, manifest: meta_io.Manifest) -> bool:
+    d = config.data
+    expected = synthetic.source_record(d.synthetic.tasks, d.synthetic.rows_per_task, d.seed)
+    return manifest.split.get("source") == expected
