@@ -208,19 +208,31 @@ void MixCache::AdmitNew(HashTable& table, const std::vector<int64_t>& candidates
   stats_.admitted += admit;
 }
 
+std::vector<int32_t> MixCache::FindAll(const int64_t* ids, int64_t n,
+                                      const ParallelFor& pfor) const {
+  std::vector<int32_t> slot_of(n);
+  pfor(n, 20, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + 8 < end) __builtin_prefetch(&index_[Home(ids[i + 8])]);
+      slot_of[i] = Find(ids[i]);
+    }
+  });
+  return slot_of;
+}
+
 void MixCache::LookupOrInsert(HashTable& table, const int64_t* ids, const int64_t* counts,
                               int64_t n, int64_t step, float* values, const ParallelFor& pfor) {
   std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<int32_t> slot_of = FindAll(ids, n, pfor);
   std::vector<int64_t> miss;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n; ++i) {  // bookkeeping only: serial, touches hits alone
     const int64_t c = counts ? counts[i] : 1;
     stats_.lookups += c;
-    const int32_t s = Find(ids[i]);
+    const int32_t s = slot_of[i];
     if (s == kFree) {
       miss.push_back(i);
       continue;
     }
-    std::memcpy(values + i * dim_, Row(s), dim_ * sizeof(float));
     freq_[s] += c;
     last_seen_[s] = step;
     dirty_[s] = 1;
@@ -228,21 +240,33 @@ void MixCache::LookupOrInsert(HashTable& table, const int64_t* ids, const int64_
     ++stats_.unique_hits;
   }
   stats_.unique_lookups += n;
+  pfor(n, 2 * dim_, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (slot_of[i] != kFree) std::memcpy(values + i * dim_, Row(slot_of[i]), dim_ * sizeof(float));
+    }
+  });
   if (miss.empty()) return;
 
   const int64_t m = static_cast<int64_t>(miss.size());
   std::vector<int64_t> miss_ids(m), miss_counts(counts ? m : 0);
-  for (int64_t k = 0; k < m; ++k) {
-    miss_ids[k] = ids[miss[k]];
-    if (counts) miss_counts[k] = counts[miss[k]];
-  }
-  // Admission candidates: frequent enough in this call and new to the host table (a
-  // table that admits on first sight has a row for every id it knows).
+  pfor(m, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      miss_ids[k] = ids[miss[k]];
+      if (counts) miss_counts[k] = counts[miss[k]];
+    }
+  });
+  // Admission candidates: frequent enough in this call to enter (when the cache is full:
+  // more frequent than its coldest entry) and new to the host table (a table that admits
+  // on first sight has a row for every id it knows; one probe of it tells).
   std::vector<int64_t> candidates;  // positions in miss_ids
   if (capacity_ > 0 && table_config_.admit_after <= 1) {
+    int64_t bar = min_count_;
+    if (free_slots_.empty()) {
+      bar = std::max(bar, *std::min_element(freq_.begin(), freq_.end()) + 1);
+    }
     std::vector<int64_t> frequent;
     for (int64_t k = 0; k < m; ++k) {
-      if ((counts ? miss_counts[k] : 1) >= min_count_) frequent.push_back(k);
+      if ((counts ? miss_counts[k] : 1) >= bar) frequent.push_back(k);
     }
     if (!frequent.empty()) {
       const int64_t f = static_cast<int64_t>(frequent.size());
@@ -259,9 +283,11 @@ void MixCache::LookupOrInsert(HashTable& table, const int64_t* ids, const int64_
   std::vector<float> miss_values(m * dim_);
   table.LookupOrInsert(miss_ids.data(), counts ? miss_counts.data() : nullptr, m, step,
                        miss_values.data(), pfor);
-  for (int64_t k = 0; k < m; ++k) {
-    std::memcpy(values + miss[k] * dim_, miss_values.data() + k * dim_, dim_ * sizeof(float));
-  }
+  pfor(m, 2 * dim_, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      std::memcpy(values + miss[k] * dim_, miss_values.data() + k * dim_, dim_ * sizeof(float));
+    }
+  });
   if (!candidates.empty()) {
     AdmitNew(table, candidates, miss_ids.data(), counts ? miss_counts.data() : nullptr, m,
              miss_values.data(), step);
@@ -302,12 +328,13 @@ int64_t MixCache::ApplyGradients(HashTable& table, const int64_t* ids, const flo
     std::fill(apply_mark_.begin(), apply_mark_.end(), 0);
     apply_epoch_ = 1;
   }
+  const std::vector<int32_t> slot_of = FindAll(ids, n, pfor);
   std::vector<int64_t> rest;  // positions of ids not cached
   std::vector<int32_t> target_slot;
   std::vector<const float*> target_grad;
   std::vector<std::pair<int64_t, int64_t>> duplicates;  // (target, position)
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t s = Find(ids[i]);
+    const int32_t s = slot_of[i];
     if (s == kFree) {
       rest.push_back(i);
       continue;
@@ -340,19 +367,23 @@ int64_t MixCache::ApplyGradients(HashTable& table, const int64_t* ids, const flo
     }
   }
   const float alpha = params.kind == Optimizer::kAdam ? AdamAlpha(params) : 0.0f;
-  for (size_t t = 0; t < target_slot.size(); ++t) {
-    ApplyOne(params, dim_, alpha, Row(target_slot[t]), target_grad[t]);
-    dirty_[target_slot[t]] = 1;
-  }
+  pfor(static_cast<int64_t>(target_slot.size()), 12 * dim_, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      ApplyOne(params, dim_, alpha, Row(target_slot[t]), target_grad[t]);
+      dirty_[target_slot[t]] = 1;
+    }
+  });
   int64_t updated = static_cast<int64_t>(target_slot.size());
   if (!rest.empty()) {
     const int64_t r = static_cast<int64_t>(rest.size());
     std::vector<int64_t> rest_ids(r);
     std::vector<float> rest_grads(r * dim_);
-    for (int64_t k = 0; k < r; ++k) {
-      rest_ids[k] = ids[rest[k]];
-      std::memcpy(rest_grads.data() + k * dim_, grads + rest[k] * dim_, dim_ * sizeof(float));
-    }
+    pfor(r, 2 * dim_, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        rest_ids[k] = ids[rest[k]];
+        std::memcpy(rest_grads.data() + k * dim_, grads + rest[k] * dim_, dim_ * sizeof(float));
+      }
+    });
     updated += table.ApplyGradients(rest_ids.data(), rest_grads.data(), r, params, pfor);
   }
   return updated;

@@ -93,6 +93,7 @@ class MixCache {
     return Mix64(static_cast<uint64_t>(key) ^ 0xC2B2AE3D27D4EB4FULL) & mask_;
   }
   int32_t Find(int64_t key) const;
+  std::vector<int32_t> FindAll(const int64_t* ids, int64_t n, const ParallelFor& pfor) const;
   int32_t Insert(int64_t key);  // a free slot, registered in the index
   void Erase(int64_t key);
   void WriteBack(HashTable& table, const std::vector<int32_t>& slots);
