@@ -21,32 +21,34 @@ EVAL_FILE = "eval.json"
 TABLE_COLUMNS = ["name", "auc", "task_auc", "ndcg@3", "logloss", "mae", "tasks", "rows"]
 
 
-def find_checkpoint(config: PipelineConfig, path: str | None = None) -> Path:
-    """The given checkpoint directory, or the latest complete one of the run."""
-    if path:
-        return Path(path)
-    latest = checkpoint.latest(config.checkpoint_dir)
-    if latest is None:
-        raise ConfigError(f"config key 'run_dir' = {config.run_dir!r}: no complete checkpoint "
-                          f"under {config.checkpoint_dir}; run 'gmeta train' first")
-    return latest
-
-
 def restore_models(config: PipelineConfig, path: str | None = None) -> tuple[Models, dict]:
     """The run's models as of a checkpoint, in this one process.
 
+    Without ``path`` the newest good checkpoint of the run is used: damaged or unfinished
+    newer ones are skipped with a warning naming them and why.
+
     Returns:
-        ``(models, manifest)``; the baseline is restored when the checkpoint has it.
+        ``(models, manifest)``; the baseline is restored when the checkpoint has it. The
+        manifest carries the restored directory under ``"directory"``.
     """
     if distributed.size() != 1:
         raise ConfigError("gmeta eval/export run as one process (not under horovodrun): they "
                           "restore every rank's table shards into this process")
-    directory = find_checkpoint(config, path)
     models = build_models(config)
-    manifest = checkpoint.restore(directory, models.state, models.optimizers)
+    if path:
+        directory = Path(path)
+        manifest = checkpoint.restore(directory, models.state, models.optimizers)
+    else:
+        restored = checkpoint.restore_latest_good(config.checkpoint_dir, models.state,
+                                                  models.optimizers, agree=False)
+        if restored is None:
+            raise ConfigError(f"config key 'run_dir' = {config.run_dir!r}: no checkpoint under "
+                              f"{config.checkpoint_dir}; run 'gmeta train' first")
+        directory = restored.directory
+        manifest = {"step": restored.step, "world_size": restored.world_size}
     log.info("restored %s (step %d, saved by %d ranks)", directory, manifest["step"],
              manifest["world_size"])
-    return models, manifest
+    return models, {**manifest, "directory": str(directory)}
 
 
 def evaluate_pipeline(config: PipelineConfig, path: str | None = None) -> dict:
@@ -60,7 +62,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None) -> dict:
     k_column = f"ndcg@{config.eval.ndcg_k}"
     columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
     columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
-    result = {"step": manifest["step"], "checkpoint": str(find_checkpoint(config, path)),
+    result = {"step": manifest["step"], "checkpoint": manifest["directory"],
               "split": config.eval.split, "rows": rows}
     os.makedirs(config.run_dir, exist_ok=True)
     Path(config.run_dir, EVAL_FILE).write_text(json.dumps(result, indent=1))
