@@ -19,7 +19,10 @@ class MetaConfig:
         inner_steps: k, SGD steps on each task's support set.
         inner_lr: The inner learning rate (the initial one when learned).
         learn_inner_lr: Meta-SGD: learn the inner learning rates in the outer loop, one per
-            adapted weight tensor (or per element, see ``inner_lr_per_element``).
+            adapted weight tensor (or per element, see ``inner_lr_per_element``). Under
+            Reptile the rates follow the first-order query gradient while the dense
+            weights follow Reptile's update, which does not see the query loss: a mix that
+            can drive the rates to zero or diverge (benchmarks/cold_start.py).
         fast_weights: Tower parameter names adapted in the inner loop, or prefixes of them
             ("mlp", "top"); empty means all of the tower's weights.
         adapt_embeddings: Also adapt, per task, the embedding rows of the task's own ids of
