@@ -79,7 +79,12 @@ class HashTable(tf.Module):
         return self.optimizer.apply(self.handle, ids, grads, step)
 
     def size(self) -> tf.Tensor:
+        """Ids the table knows (admitted or still being counted)."""
         return ops.table_size(self.handle)[0]
+
+    def num_rows(self) -> tf.Tensor:
+        """Ids admitted to a trainable row."""
+        return ops.table_size(self.handle)[1]
 
     def evict(self, step, max_age: int = -1, max_size: int = -1) -> tf.Tensor:
         return ops.evict(self.handle, step, max_age=max_age, max_size=max_size)

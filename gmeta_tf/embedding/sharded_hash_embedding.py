@@ -389,7 +389,11 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
                 if isinstance(shard, MixCachedHashTable)}
 
     def table_sizes(self) -> dict[str, int]:
-        """Ids held by this rank's shard of each table."""
+        """Rows (admitted ids) held by this rank's shard of each table."""
+        return {name: int(shard.num_rows()) for name, shard in self.shards.items()}
+
+    def table_ids(self) -> dict[str, int]:
+        """Ids (admitted or still being counted) known to this rank's shard of each table."""
         return {name: int(shard.size()) for name, shard in self.shards.items()}
 
     def export_shards(self) -> dict[str, dict[str, np.ndarray]]:
