@@ -115,6 +115,8 @@ class Setup:
             a random part of its support set (episodic sampling), so the outer loop sees
             the labels of all of its rows over the epochs, not the same 10 each time (the
             baseline trains on all of them anyway). Scored users keep their split.
+        extra_query: The meta models' warm training users also move up to this many
+            random support rows (at most half) to the query set, each epoch.
     """
 
     epochs: int = 20
@@ -131,6 +133,7 @@ class Setup:
     mean_rating: float = 3.5
     sparse_lr: float = 0.05
     resample_query: bool = True
+    extra_query: int = 0
 
     @property
     def user_features(self) -> tuple[str, ...]:
@@ -212,12 +215,38 @@ def resampled_query(batch: dict, seed: tf.Tensor) -> dict:
     return {"task_id": batch["task_id"], "support": new_support, "query": new_query}
 
 
+def moved_to_query(batch: dict, extra: int, seed: tf.Tensor) -> dict:
+    """Moves up to ``extra`` random support rows of each task to its query set (never more
+    than half of its support rows): a larger outer-loop sample per training task."""
+    support, query = batch["support"], batch["query"]
+    noise = tf.random.stateless_uniform(tf.shape(support["mask"]), seed)
+    k = tf.minimum(extra, tf.shape(support["mask"])[1])
+    picked = tf.math.top_k(noise - 2.0 * (1.0 - support["mask"]), k=k).indices  # [T, k]
+    half = tf.cast(tf.reduce_sum(support["mask"], axis=1), tf.int32) // 2
+    move = tf.cast(tf.range(k)[None, :] < half[:, None], tf.float32)         # [T, k]
+    tasks = tf.broadcast_to(tf.range(tf.shape(picked)[0])[:, None], tf.shape(picked))
+    at = tf.stack([tasks, picked], axis=-1)
+    new_support = dict(support)
+    new_support["mask"] = tf.tensor_scatter_nd_update(
+        support["mask"], at, tf.gather(support["mask"], picked, batch_dims=1) * (1.0 - move))
+    new_query = {}
+    for name in query:
+        drawn = tf.gather(support[name], picked, batch_dims=1)
+        if name == "mask":
+            drawn = drawn * move
+        new_query[name] = tf.concat([query[name], drawn], axis=1)
+    return {"task_id": batch["task_id"], "support": new_support, "query": new_query}
+
+
 def training_batches(path: str, seed: int, epoch: int, validate: bool,
-                     resample: bool = False) -> tf.data.Dataset:
+                     resample: bool = False, extra_query: int = 0) -> tf.data.Dataset:
     ds = tasks_of(path, "warm", seed, validate, True, SUPPORT_SLOTS, seed * 1000 + epoch)
     if resample:
         ds = ds.enumerate().map(lambda i, b: resampled_query(
             b, tf.stack([tf.constant(seed * 1000 + epoch, tf.int64), i])))
+    if extra_query:
+        ds = ds.enumerate().map(lambda i, b: moved_to_query(
+            b, extra_query, tf.stack([tf.constant(seed * 1000 + epoch + 500, tf.int64), i])))
     return ds
 
 
@@ -242,7 +271,8 @@ def train_meta(path: str, algorithm: str, setup: Setup, seed: int, validate: boo
     model.compile(optimizer=tf.keras.optimizers.Adam(outer_lr))
     step = tf.function(model.train_step, reduce_retracing=True)
     for epoch in range(setup.epochs):
-        for batch in training_batches(path, seed, epoch, validate, setup.resample_query):
+        for batch in training_batches(path, seed, epoch, validate, setup.resample_query,
+                                      setup.extra_query):
             step(batch)
     return model
 
