@@ -33,6 +33,7 @@ The last stdout line (rank 0) is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -44,7 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.embedding_batches import BatchSpec, make_batch
-from gmeta_tf import distributed
+from gmeta_tf import distributed, ops
 from gmeta_tf.embedding import (
     Adagrad,
     FeatureConfig,
@@ -167,6 +168,14 @@ def make_zipf_contender(name: str, distinct_ids: int) -> Contender:
                      tf.keras.optimizers.Adam(1e-3))
 
 
+def free_tables(emb: ShardedHashEmbedding) -> None:
+    """Frees a finished contender's tables now: traced functions keep the layer (and so
+    its tables) alive, and 16 contenders' tables of ~2M rows each exhaust the host."""
+    for shard in emb.shards.values():
+        ops.destroy_table(shard.handle)
+    gc.collect()
+
+
 def global_hit_rate(stats: dict) -> float:
     """Hits / lookups summed over the ranks (each rank owns its share of the ids)."""
     local = tf.constant([float(stats["hits"]), float(stats["lookups"])], tf.float64)
@@ -198,7 +207,7 @@ def run_zipf(spec: BatchSpec, repeats: int) -> dict:
                 hit_rates[name] = global_hit_rate(stats)
             log(f"[zipf] rep {rep} {name}: {timed_samples / elapsed:,.0f} samples/s"
                 + (f", cache hit rate {hit_rates[name]:.4f}" if stats else ""))
-            del contender
+            free_tables(contender.emb)
     median = {name: statistics.median(r) for name, r in rates.items()}
     out = {f"samples_per_s_{name}": round(v, 1) for name, v in median.items()}
     for name in CONTENDERS:
