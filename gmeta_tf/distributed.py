@@ -99,15 +99,19 @@ def _raw_alltoall(tensor: tf.Tensor, splits: tf.Tensor) -> tuple[tf.Tensor, tf.T
     return hvd.alltoall(tensor, splits=splits)
 
 
-def alltoall(tensor: tf.Tensor, splits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+def alltoall(tensor: tf.Tensor, splits: tf.Tensor,
+             kind: str = "alltoall") -> tuple[tf.Tensor, tf.Tensor]:
     """Sends ``splits[r]`` leading rows of ``tensor`` (in order) to rank r.
 
     Returns (received rows, received splits). Differentiable for float tensors: the
-    gradient goes back through one all-to-all with the received splits.
+    gradient goes back through one all-to-all with the received splits. ``kind``
+    "alltoall_grad" counts an explicit backward exchange (no autodiff) as such.
     """
+    if kind not in ("alltoall", "alltoall_grad"):
+        raise ValueError(f"kind must be 'alltoall' or 'alltoall_grad', got {kind!r}")
     splits = tf.cast(splits, tf.int32)
-    if not tensor.dtype.is_floating:
-        with tf.control_dependencies(_count("alltoall", tensor)):
+    if kind == "alltoall_grad" or not tensor.dtype.is_floating:
+        with tf.control_dependencies(_count(kind, tensor)):
             return _raw_alltoall(tf.identity(tensor), splits)
 
     @tf.custom_gradient

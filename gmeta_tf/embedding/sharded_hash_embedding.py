@@ -236,7 +236,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         request = self._request(table_ids)
         owner_rows = self._owner_rows(request.owner_ids, request.owner_counts, training)
         unique_rows = self._reply(owner_rows, request.headers, request.splits)
-        return [tf.gather(rows, d.inverse) for rows, d in zip(unique_rows, request.dedups)]
+        return [ops.gather_rows(rows, d.inverse) for rows, d in zip(unique_rows, request.dedups)]
 
     def _request(self, table_ids: Sequence[tf.Tensor]) -> _Request:
         """Dedup per table, then ONE all-to-all of ids (with a header) to their owners."""
@@ -428,14 +428,8 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
 
 def _gradient_alltoall(tensor: tf.Tensor, splits: tf.Tensor) -> tf.Tensor:
     """The all-to-all of row gradients to their owners, counted as ``alltoall_grad`` like
-    the gradient of the forward exchange it replaces in :meth:`ShardedHashEmbedding.push`.
-
-    gmeta_tf.distributed has no public call that counts under that kind, so this uses its
-    counter and raw exchange directly.
-    """
-    with tf.control_dependencies(distributed._count("alltoall_grad", tensor)):
-        received, _ = distributed._raw_alltoall(tf.identity(tensor), tf.cast(splits, tf.int32))
-    return received
+    the gradient of the forward exchange it replaces in :meth:`ShardedHashEmbedding.push`."""
+    return distributed.alltoall(tensor, splits, kind="alltoall_grad")[0]
 
 
 def dense_variables(model: tf.keras.layers.Layer) -> list[tf.Variable]:
