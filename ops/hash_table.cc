@@ -88,7 +88,7 @@ int64_t HashTable::FindSlot(int64_t key) const {
 }
 
 void HashTable::Rehash(int64_t new_capacity) {
-  std::vector<Slot, HugePageAllocator<Slot>> old;
+  std::vector<Slot> old;
   old.swap(slots_);
   slots_.assign(new_capacity, Slot{0, kEmpty, 0, 0});
   const uint64_t mask = slots_.size() - 1;
@@ -149,8 +149,7 @@ int64_t HashTable::NewRow() {
   } else {
     row = rows_allocated_++;
     if (row / kBlockRows >= static_cast<int64_t>(blocks_.size())) {
-      blocks_.emplace_back(
-          static_cast<float*>(AllocateLarge(kBlockRows * stride() * sizeof(float))));
+      blocks_.emplace_back(new float[kBlockRows * stride()]);
       apply_mark_.resize(blocks_.size() * kBlockRows, 0);
     }
   }
@@ -495,7 +494,7 @@ void Dedup(const int64_t* ids, int64_t n, int64_t num_partitions, DedupResult* o
     uint32_t epoch;
     int32_t index;
   };
-  thread_local std::vector<DedupSlot, HugePageAllocator<DedupSlot>> map;
+  thread_local std::vector<DedupSlot> map;
   thread_local uint32_t epoch = 0;
   const int64_t capacity = NextPow2(std::max<int64_t>(16, 2 * n));
   if (static_cast<int64_t>(map.size()) < capacity || ++epoch == 0) {

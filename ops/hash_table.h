@@ -20,12 +20,8 @@
 #ifndef GMETA_OPS_HASH_TABLE_H_
 #define GMETA_OPS_HASH_TABLE_H_
 
-#include <sys/mman.h>
-
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
-#include <new>
 #include <memory>
 #include <shared_mutex>
 #include <string>
@@ -36,41 +32,6 @@ namespace gmeta {
 // Runs fn(begin, end) over [0, n) in parallel chunks; cost is per-item work units.
 using ParallelFor = std::function<void(int64_t n, int64_t cost,
                                        const std::function<void(int64_t, int64_t)>& fn)>;
-
-// Large arrays live on transparent huge pages: probes of a multi-GB index land on random
-// pages, and with 4 KiB pages nearly every probe also misses the TLB.
-constexpr size_t kHugePageBytes = size_t{2} << 20;
-
-inline void* AllocateLarge(size_t bytes) {
-  if (bytes < kHugePageBytes) {
-    void* p = std::malloc(bytes == 0 ? 1 : bytes);
-    if (p == nullptr) throw std::bad_alloc();
-    return p;
-  }
-  const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-  void* p = nullptr;
-  if (posix_memalign(&p, kHugePageBytes, rounded) != 0) throw std::bad_alloc();
-  madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure leaves ordinary pages
-  return p;
-}
-
-template <typename T>
-struct HugePageAllocator {
-  using value_type = T;
-  HugePageAllocator() = default;
-  template <typename U>
-  HugePageAllocator(const HugePageAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(AllocateLarge(n * sizeof(T))); }
-  void deallocate(T* p, size_t) { std::free(p); }
-  template <typename U>
-  bool operator==(const HugePageAllocator<U>&) const { return true; }
-  template <typename U>
-  bool operator!=(const HugePageAllocator<U>&) const { return false; }
-};
-
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
 
 enum class Initializer { kZeros, kUniform, kNormal };
 
@@ -202,10 +163,10 @@ class HashTable {
   const TableConfig config_;
   mutable std::shared_mutex mu_;
 
-  std::vector<Slot, HugePageAllocator<Slot>> slots_;  // the index: every id's bookkeeping
+  std::vector<Slot> slots_;  // the index, holding every id's bookkeeping
   int64_t num_entries_ = 0;
 
-  std::vector<std::unique_ptr<float[], FreeDeleter>> blocks_;
+  std::vector<std::unique_ptr<float[]>> blocks_;
   int64_t rows_allocated_ = 0;  // high-water mark of the arena
   std::vector<int64_t> free_rows_;
   int64_t num_rows_in_use_ = 0;
