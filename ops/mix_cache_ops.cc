@@ -8,6 +8,7 @@
 #include <string>
 
 #include "hash_table.h"
+#include "kernel_support.h"
 #include "mix_cache.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -48,38 +49,8 @@ class CachedTableResource : public ::tensorflow::ResourceBase {
 
 using Ref = ::tensorflow::core::RefCountPtr<CachedTableResource>;
 
-ParallelFor MakeParallelFor(OpKernelContext* ctx) {
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [workers](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    if (n <= 0) return;
-    workers->ParallelFor(n, cost, fn);
-  };
-}
-
 Status Get(OpKernelContext* ctx, Ref* out) {
   return ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), out);
-}
-
-Status CheckVector(const Tensor& t, const char* name) {
-  if (t.dims() != 1) {
-    return InvalidArgument(name, " must be a vector (rank 1), got shape ", t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
-Status CheckScalar(const Tensor& t, const char* name) {
-  if (!::tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
-    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
-Status CheckRows(const Tensor& t, int64_t n, int64_t width, const char* name) {
-  if (t.dims() != 2 || t.dim_size(0) != n || t.dim_size(1) != width) {
-    return InvalidArgument(name, " must have shape [", n, ", ", width, "], got ",
-                           t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -104,29 +75,13 @@ REGISTER_OP("GmetaCachedTable")
 class CachedTableOp : public ::tensorflow::ResourceOpKernel<CachedTableResource> {
  public:
   explicit CachedTableOp(OpKernelConstruction* c) : ResourceOpKernel(c) {
-    std::string init;
-    float slot_init, init_scale, default_value;
-    int64_t seed;
-    OP_REQUIRES_OK(c, c->GetAttr("dim", &config_.dim));
-    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &config_.num_slots));
-    OP_REQUIRES_OK(c, c->GetAttr("slot_init", &slot_init));
-    OP_REQUIRES_OK(c, c->GetAttr("seed", &seed));
-    OP_REQUIRES_OK(c, c->GetAttr("initializer", &init));
-    OP_REQUIRES_OK(c, c->GetAttr("init_scale", &init_scale));
-    OP_REQUIRES_OK(c, c->GetAttr("admit_after", &config_.admit_after));
-    OP_REQUIRES_OK(c, c->GetAttr("default_value", &default_value));
+    OP_REQUIRES_OK(c, ReadTableConfig(c, &config_));
     OP_REQUIRES_OK(c, c->GetAttr("cache_capacity", &capacity_));
     OP_REQUIRES_OK(c, c->GetAttr("cache_min_count", &min_count_));
     OP_REQUIRES(c, capacity_ < (int64_t{1} << 31),
                 InvalidArgument("cache_capacity must be below 2^31, got ", capacity_));
-    config_.slot_init = slot_init;
-    config_.seed = static_cast<uint64_t>(seed);
-    config_.init_scale = init_scale;
-    config_.default_value = default_value;
-    config_.initializer = init == "zeros"     ? Initializer::kZeros
-                          : init == "normal" ? Initializer::kNormal
-                                             : Initializer::kUniform;
   }
+
 
  private:
   Status CreateResource(CachedTableResource** resource) override {
@@ -393,20 +348,7 @@ class CachedExportOp : public OpKernel {
                                 " slots; the op was built for dim ", dim_, " and ", num_slots_,
                                 " slots"));
     res->cache().Flush(res->table());
-    ExportedTable t = res->table().Export();
-    const int64_t n = static_cast<int64_t>(t.ids.size());
-    Tensor* out[6];
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out[0]));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, dim_}), &out[1]));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n, dim_ * num_slots_}), &out[2]));
-    for (int i = 3; i <= 5; ++i) OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({n}), &out[i]));
-    std::copy(t.ids.begin(), t.ids.end(), out[0]->flat<int64_t>().data());
-    std::copy(t.values.begin(), t.values.end(), out[1]->flat<float>().data());
-    std::copy(t.slots.begin(), t.slots.end(), out[2]->flat<float>().data());
-    std::copy(t.freq.begin(), t.freq.end(), out[3]->flat<int64_t>().data());
-    std::copy(t.last_seen.begin(), t.last_seen.end(), out[4]->flat<int64_t>().data());
-    bool* adm = out[5]->flat<bool>().data();
-    for (int64_t i = 0; i < n; ++i) adm[i] = t.admitted[i] != 0;
+    OP_REQUIRES_OK(ctx, WriteExport(ctx, res->table().Export(), dim_, num_slots_));
   }
 
  private:

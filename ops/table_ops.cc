@@ -4,6 +4,7 @@
 #include <string>
 
 #include "hash_table.h"
+#include "kernel_support.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -38,31 +39,8 @@ class TableResource : public ::tensorflow::ResourceBase {
   HashTable table_;
 };
 
-ParallelFor MakeParallelFor(OpKernelContext* ctx) {
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [workers](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    if (n <= 0) return;
-    workers->ParallelFor(n, cost, fn);
-  };
-}
-
 Status GetTable(OpKernelContext* ctx, ::tensorflow::core::RefCountPtr<TableResource>* out) {
   return ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), out);
-}
-
-Status CheckIdsVector(const Tensor& ids, const char* name) {
-  if (ids.dims() != 1) {
-    return InvalidArgument(name, " must be a vector of int64 ids (rank 1), got shape ",
-                           ids.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
-Status CheckScalar(const Tensor& t, const char* name) {
-  if (!::tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
-    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
 }
 
 Status CheckDim(const HashTable& table, int64_t dim) {
@@ -101,25 +79,9 @@ REGISTER_OP("GmetaHashTable")
 class HashTableOp : public ::tensorflow::ResourceOpKernel<TableResource> {
  public:
   explicit HashTableOp(OpKernelConstruction* c) : ResourceOpKernel(c) {
-    std::string init;
-    float slot_init, init_scale, default_value;
-    int64_t seed;
-    OP_REQUIRES_OK(c, c->GetAttr("dim", &config_.dim));
-    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &config_.num_slots));
-    OP_REQUIRES_OK(c, c->GetAttr("slot_init", &slot_init));
-    OP_REQUIRES_OK(c, c->GetAttr("seed", &seed));
-    OP_REQUIRES_OK(c, c->GetAttr("initializer", &init));
-    OP_REQUIRES_OK(c, c->GetAttr("init_scale", &init_scale));
-    OP_REQUIRES_OK(c, c->GetAttr("admit_after", &config_.admit_after));
-    OP_REQUIRES_OK(c, c->GetAttr("default_value", &default_value));
-    config_.slot_init = slot_init;
-    config_.seed = static_cast<uint64_t>(seed);
-    config_.init_scale = init_scale;
-    config_.default_value = default_value;
-    config_.initializer = init == "zeros"     ? Initializer::kZeros
-                          : init == "normal" ? Initializer::kNormal
-                                             : Initializer::kUniform;
+    OP_REQUIRES_OK(c, ReadTableConfig(c, &config_));
   }
+
 
  private:
   Status CreateResource(TableResource** resource) override {
@@ -170,7 +132,7 @@ class LookupOrInsertOp : public OpKernel {
     const Tensor& ids = ctx->input(1);
     const Tensor& counts = ctx->input(2);
     const Tensor& step = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
     OP_REQUIRES_OK(ctx, CheckScalar(step, "step"));
     const int64_t n = ids.dim_size(0);
     OP_REQUIRES(ctx, counts.NumElements() == 0 || (counts.dims() == 1 && counts.dim_size(0) == n),
@@ -218,7 +180,7 @@ class LookupOp : public OpKernel {
     const HashTable& table = res->table();
     OP_REQUIRES_OK(ctx, CheckDim(table, dim_));
     const Tensor& ids = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
     const int64_t n = ids.dim_size(0);
     Tensor* values = nullptr;
     Tensor* found = nullptr;
@@ -278,7 +240,7 @@ class ApplyGradientsOp : public OpKernel {
                                 table.config().num_slots));
     const Tensor& ids = ctx->input(1);
     const Tensor& grads = ctx->input(2);
-    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
     OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == ids.dim_size(0) &&
                          grads.dim_size(1) == dim,
                 InvalidArgument("grads must have shape [", ids.dim_size(0), ", ", dim,
@@ -404,20 +366,7 @@ class ExportOp : public OpKernel {
     OP_REQUIRES(ctx, res->table().config().num_slots == num_slots_,
                 InvalidArgument("the table has ", res->table().config().num_slots,
                                 " slots but the op was built for ", num_slots_));
-    ExportedTable t = res->table().Export();
-    const int64_t n = static_cast<int64_t>(t.ids.size());
-    Tensor* out[6];
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out[0]));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, dim_}), &out[1]));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n, dim_ * num_slots_}), &out[2]));
-    for (int i = 3; i <= 5; ++i) OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({n}), &out[i]));
-    std::copy(t.ids.begin(), t.ids.end(), out[0]->flat<int64_t>().data());
-    std::copy(t.values.begin(), t.values.end(), out[1]->flat<float>().data());
-    std::copy(t.slots.begin(), t.slots.end(), out[2]->flat<float>().data());
-    std::copy(t.freq.begin(), t.freq.end(), out[3]->flat<int64_t>().data());
-    std::copy(t.last_seen.begin(), t.last_seen.end(), out[4]->flat<int64_t>().data());
-    bool* adm = out[5]->flat<bool>().data();
-    for (int64_t i = 0; i < n; ++i) adm[i] = t.admitted[i] != 0;
+    OP_REQUIRES_OK(ctx, WriteExport(ctx, res->table().Export(), dim_, num_slots_));
   }
 
  private:
@@ -457,7 +406,7 @@ class ImportOp : public OpKernel {
     const int64_t dim = table.config().dim;
     const int64_t sdim = table.config().num_slots * dim;
     const Tensor& ids = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
     const int64_t n = ids.dim_size(0);
     const Tensor& values = ctx->input(2);
     const Tensor& slots = ctx->input(3);
@@ -523,7 +472,7 @@ class DedupOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckIdsVector(ids, "ids"));
+    OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
     OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(1), "num_partitions"));
     const int64_t parts = ctx->input(1).scalar<int32_t>()();
     OP_REQUIRES(ctx, parts >= 1,
