@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from gmeta_tf.data import hashing
-from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
+from gmeta_tf.data.converters.pipeline import (OutputConfig, RawBatch, columns_to_batch, convert,
+                                               record_batches)
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.schema import TASK_COLUMN, Feature, FeatureKind, Schema
@@ -75,16 +76,8 @@ def _raw_batches(paths: list[str], int_mode: str, task_column: str,
             path, read_options=pacsv.ReadOptions(column_names=names, block_size=block_bytes),
             parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
             convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True))
-        first_row = 0
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                break
-            except pa.ArrowInvalid as e:
-                raise DataError(f"bad Criteo TSV near row {first_row}: {e}", file=path) from e
+        for batch, first_row in record_batches(reader, path, "Criteo TSV"):
             yield RawBatch(columns_to_batch(_parse(batch, int_mode, task_column)), path, first_row)
-            first_row += batch.num_rows
 
 
 def convert_criteo(src: str | list[str], out_dir: str, seed: int = 0, int_mode: str = "log",

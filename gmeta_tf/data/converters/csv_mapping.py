@@ -30,7 +30,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from gmeta_tf.data import hashing
-from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
+from gmeta_tf.data.converters.pipeline import (OutputConfig, RawBatch, columns_to_batch, convert,
+                                               record_batches)
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.schema import TASK_COLUMN, Feature, FeatureKind, Schema
@@ -158,17 +159,8 @@ def _parse(batch: pa.RecordBatch, mapping: CsvMapping, counts: dict[str, int]) -
 def _raw_batches(paths: list[str], mapping: CsvMapping, counts: dict[str, int],
                  block_bytes: int) -> Iterator[RawBatch]:
     for path in paths:
-        first_row = 0
-        reader = _open(path, mapping, block_bytes)
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                break
-            except pa.ArrowInvalid as e:
-                raise DataError(f"bad CSV near row {first_row}: {e}", file=path) from e
+        for batch, first_row in record_batches(_open(path, mapping, block_bytes), path, "CSV"):
             yield RawBatch(_parse(batch, mapping, counts), path, first_row)
-            first_row += batch.num_rows
 
 
 def convert_csv(src: str | list[str], out_dir: str, mapping: CsvMapping | dict | str,

@@ -66,6 +66,23 @@ class RawBatch:
     first_row: int  # 0-based index of the batch's first data row in ``source``
 
 
+def record_batches(reader, path: str, what: str) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The batches of an open pyarrow CSV reader, each with the index of its first row.
+
+    A parse error becomes a DataError naming the file and the row near which it failed.
+    """
+    first_row = 0
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except pa.ArrowInvalid as e:
+            raise DataError(f"bad {what} near row {first_row}: {e}", file=path) from e
+        yield batch, first_row
+        first_row += batch.num_rows
+
+
 def columns_to_batch(columns: dict[str, np.ndarray]) -> pa.RecordBatch:
     """A record batch from named 1-D numpy columns."""
     return pa.RecordBatch.from_arrays([pa.array(v) for v in columns.values()], list(columns))
