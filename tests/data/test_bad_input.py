@@ -188,3 +188,14 @@ def test_converter_refuses_to_overwrite_by_default(tmp_path, raw_csv):
     convert_small(raw_csv, tmp_path / "out")
     with pytest.raises(data.DataError, match="output exists"):
         convert_small(raw_csv, tmp_path / "out")
+
+
+def test_a_malformed_criteo_tsv_names_the_file_and_row(tmp_path):
+    """pyarrow parses the first block while opening: that error is a DataError too."""
+    from gmeta_tf import data
+
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("1\t2\t3\n0\tx\n")
+    with pytest.raises(data.DataError, match=r"bad Criteo TSV near row 0.*Expected 40 columns"):
+        data.convert_criteo(str(bad), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

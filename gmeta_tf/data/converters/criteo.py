@@ -72,11 +72,13 @@ def _raw_batches(paths: list[str], int_mode: str, task_column: str,
     types = {"label": pa.float64(), **{c: pa.float64() for c in INT_COLUMNS},
              **{c: pa.string() for c in CAT_COLUMNS}}
     for path in paths:
-        reader = pacsv.open_csv(
-            path, read_options=pacsv.ReadOptions(column_names=names, block_size=block_bytes),
-            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
-            convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True))
-        for batch, first_row in record_batches(reader, path, "Criteo TSV"):
+        def open_reader(path=path):
+            return pacsv.open_csv(
+                path, read_options=pacsv.ReadOptions(column_names=names, block_size=block_bytes),
+                parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
+                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True))
+
+        for batch, first_row in record_batches(open_reader, path, "Criteo TSV"):
             yield RawBatch(columns_to_batch(_parse(batch, int_mode, task_column)), path, first_row)
 
 

@@ -21,6 +21,7 @@ dense value becomes 0.0 (counted in the log).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Any, Iterator
@@ -159,7 +160,8 @@ def _parse(batch: pa.RecordBatch, mapping: CsvMapping, counts: dict[str, int]) -
 def _raw_batches(paths: list[str], mapping: CsvMapping, counts: dict[str, int],
                  block_bytes: int) -> Iterator[RawBatch]:
     for path in paths:
-        for batch, first_row in record_batches(_open(path, mapping, block_bytes), path, "CSV"):
+        opener = functools.partial(_open, path, mapping, block_bytes)
+        for batch, first_row in record_batches(opener, path, "CSV"):
             yield RawBatch(_parse(batch, mapping, counts), path, first_row)
 
 

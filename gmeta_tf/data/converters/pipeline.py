@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import shutil
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -66,12 +66,19 @@ class RawBatch:
     first_row: int  # 0-based index of the batch's first data row in ``source``
 
 
-def record_batches(reader, path: str, what: str) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """The batches of an open pyarrow CSV reader, each with the index of its first row.
+def record_batches(open_reader: Callable[[], Any], path: str,
+                   what: str) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The batches of a pyarrow CSV reader, each with the index of its first row.
 
-    A parse error becomes a DataError naming the file and the row near which it failed.
+    ``open_reader`` opens the reader (pyarrow parses the first block while opening). A
+    parse error, there or later, becomes a DataError naming the file and the row near
+    which it failed.
     """
     first_row = 0
+    try:
+        reader = open_reader()
+    except pa.ArrowInvalid as e:
+        raise DataError(f"bad {what} near row {first_row}: {e}", file=path) from e
     while True:
         try:
             batch = reader.read_next_batch()
