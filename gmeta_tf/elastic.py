@@ -50,6 +50,7 @@ from horovod.common.elastic import State, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
 from gmeta_tf import checkpoint, distributed
+from gmeta_tf.embedding.update_trigger import dense_variables
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class ShardedModelState(State):
         if optimizer is not None and hasattr(optimizer, "build"):
             # Slots exist before the first step, so a rank that joins later holds the same
             # optimizer variables as the others and the broadcast in sync() lines up.
-            optimizer.build(_trainable_dense(model))
+            optimizer.build(dense_variables(model))
         self._initial = [v.numpy() for v in self._variables()]
         super().__init__(bcast_object=_broadcast_ints, get_rank=distributed.rank)
 
@@ -185,11 +186,6 @@ class ShardedModelState(State):
             self.step = found.step
         log.info("rank %d of %d: state at step %d (%s)", distributed.rank(), distributed.size(),
                  self.step, found.directory if found else "nothing committed yet")
-
-
-def _trainable_dense(model) -> list[tf.Variable]:
-    return [v for v in model.trainable_variables
-            if not getattr(v, "_gmeta_update_trigger", False)]
 
 
 def _clear_tables(layer) -> None:

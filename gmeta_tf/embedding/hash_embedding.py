@@ -7,6 +7,7 @@ import tensorflow as tf
 from gmeta_tf import ops
 from gmeta_tf.embedding import sparse_optimizers
 from gmeta_tf.embedding.hash_table import HashTable
+from gmeta_tf.embedding.update_trigger import add_update_weights
 
 COMBINERS = (None, "sum", "mean")
 
@@ -67,13 +68,7 @@ class HashEmbedding(tf.keras.layers.Layer):
         self._table_config = self.table.config
 
     def build(self, input_shape):
-        self.update_trigger = self.add_weight(
-            name="update_trigger", shape=[], initializer="zeros", trainable=True
-        )
-        self.update_trigger._gmeta_update_trigger = True
-        self.step = self.add_weight(
-            name="step", shape=[], dtype=tf.int64, initializer="zeros", trainable=False
-        )
+        add_update_weights(self)
         super().build(input_shape)
 
     def call(self, inputs, training=None):

@@ -36,6 +36,7 @@ from tensorflow.python.trackable.data_structures import NoDependency
 from gmeta_tf import distributed, ops
 from gmeta_tf.embedding.config import FeatureConfig, TableConfig
 from gmeta_tf.embedding.hash_table import HashTable
+from gmeta_tf.embedding.update_trigger import add_update_weights
 from gmeta_tf.embedding.mix_cache import MixCacheConfig, MixCachedHashTable
 
 
@@ -190,13 +191,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
                 raise TypeError(f"caches['{table}'] must be a MixCacheConfig, got {cache!r}")
 
     def build(self, input_shape):
-        self.update_trigger = self.add_weight(
-            name="update_trigger", shape=[], initializer="zeros", trainable=True
-        )
-        self.update_trigger._gmeta_update_trigger = True
-        self.step = self.add_weight(
-            name="step", shape=[], dtype=tf.int64, initializer="zeros", trainable=False
-        )
+        add_update_weights(self)
         super().build(input_shape)
 
     # ---- forward ------------------------------------------------------------------------
@@ -430,13 +425,3 @@ def _gradient_alltoall(tensor: tf.Tensor, splits: tf.Tensor) -> tf.Tensor:
     """The all-to-all of row gradients to their owners, counted as ``alltoall_grad`` like
     the gradient of the forward exchange it replaces in :meth:`ShardedHashEmbedding.push`."""
     return distributed.alltoall(tensor, splits, kind="alltoall_grad")[0]
-
-
-def dense_variables(model: tf.keras.layers.Layer) -> list[tf.Variable]:
-    """The model's trainable variables that a dense optimizer and all-reduce should see."""
-    return [v for v in model.trainable_variables if not getattr(v, "_gmeta_update_trigger", False)]
-
-
-def embedding_triggers(model: tf.keras.layers.Layer) -> list[tf.Variable]:
-    """The update triggers of the model's hash embeddings (gradient = fused update)."""
-    return [v for v in model.trainable_variables if getattr(v, "_gmeta_update_trigger", False)]
