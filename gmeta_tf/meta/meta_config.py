@@ -31,6 +31,9 @@ class MetaConfig:
         inner_lr_per_element: With ``learn_inner_lr``, one learned rate per element of
             every adapted weight (Meta-SGD as Li et al. 2017 define it; for an adapted
             embedding feature, one per embedding column) instead of one per tensor.
+        inner_lr_per_step: With ``learn_inner_lr``, a separate learned rate (per tensor or
+            per element) for each of the k inner steps (MAML++'s per-step rates, Antoniou
+            et al. 2019); adapting for more than k steps reuses the last step's rates.
     """
 
     algorithm: str = "maml"
@@ -40,6 +43,7 @@ class MetaConfig:
     fast_weights: tuple[str, ...] = ()
     adapt_embeddings: tuple[str, ...] = ()
     inner_lr_per_element: bool = False
+    inner_lr_per_step: bool = False
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:

@@ -73,12 +73,19 @@ class MetaModel(tf.keras.Model):
 
     def _inner_rate_shape(self, name: str) -> list[int]:
         """[] per tensor; per element: the weight's shape (an embedding offset: its width),
-        which broadcasts over the fast weight's leading task (or pair) axis."""
+        which broadcasts over the fast weight's leading task (or pair) axis; per step: a
+        leading axis of k."""
+        steps = [self.config.inner_steps] if self.config.inner_lr_per_step else []
         if not self.config.inner_lr_per_element:
-            return []
+            return steps
         if name in self.adapter.embedding_fast:
-            return [self.tower.embedding_dim]
-        return self.tower.params()[name].shape.as_list()
+            return steps + [self.tower.embedding_dim]
+        return steps + self.tower.params()[name].shape.as_list()
+
+    @property
+    def rates_per_step(self) -> bool:
+        """True when each inner step has its own learned rates."""
+        return bool(self.inner_lr_variables) and self.config.inner_lr_per_step
 
     def inner_learning_rates(self) -> dict[str, tf.Tensor]:
         """Fast weight name -> its inner learning rate (a learned variable under Meta-SGD)."""
@@ -105,7 +112,7 @@ class MetaModel(tf.keras.Model):
         fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
         adapted, support_loss = self.adapter.adapt(params, fast, support,
                                                    self.inner_learning_rates(),
-                                                   self.config.first_order)
+                                                   self.config.first_order, self.rates_per_step)
         query_loss = tf.reduce_mean(self.adapter.task_losses(params, adapted, query))
         return query_loss, support_loss, params, adapted
 
@@ -150,7 +157,8 @@ class MetaModel(tf.keras.Model):
         """
         adapter = self.adapter if steps is None else TaskAdapter(
             self.tower, self.head, self.adapter.tower_fast, self.config.adapt_embeddings, steps)
-        return adapted_outputs(self.embedding, adapter, batch, self.inner_learning_rates())
+        return adapted_outputs(self.embedding, adapter, batch, self.inner_learning_rates(),
+                               self.rates_per_step)
 
     def adapted_predictions(self, batch: TaskBatch, steps: int | None = None) -> tf.Tensor:
         """Predictions ``[T, Q]`` for the query rows after adapting on the support rows."""

@@ -92,18 +92,20 @@ class TaskAdapter:
 
     def adapt(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
               support: RoleBatch, learning_rates: Mapping[str, tf.Tensor],
-              first_order: bool) -> tuple[dict, tf.Tensor]:
+              first_order: bool, rates_per_step: bool = False) -> tuple[dict, tf.Tensor]:
         """k SGD steps of every task's fast weights on its support loss.
 
         Under an enclosing ``GradientTape`` the inner gradients are recorded, so the outer
         gradient is the full second-order one, unless ``first_order`` makes them constants.
+        With ``rates_per_step`` every rate has a leading step axis and step ``i`` uses its
+        row ``i`` (MAML++'s per-step rates); steps beyond that axis reuse its last row.
 
         Returns:
             ``(adapted fast weights, mean support loss before adaptation)``.
         """
         fast = dict(fast)
         initial_loss = None
-        for _ in range(self.steps):
+        for step in range(self.steps):
             names = list(fast)
             with tf.GradientTape(watch_accessed_variables=False) as tape:
                 tape.watch([fast[n] for n in names])
@@ -117,13 +119,17 @@ class TaskAdapter:
                 g = tf.convert_to_tensor(g)
                 if first_order:
                     g = tf.stop_gradient(g)
-                fast[n] = fast[n] - learning_rates[n] * g
+                rate = learning_rates[n]
+                if rates_per_step:
+                    rate = rate[min(step, rate.shape[0] - 1)]
+                fast[n] = fast[n] - rate * g
         return fast, initial_loss
 
 
 def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
                     batch: Mapping[str, Mapping[str, tf.Tensor]],
-                    learning_rates: Mapping[str, tf.Tensor]) -> tf.Tensor:
+                    learning_rates: Mapping[str, tf.Tensor],
+                    rates_per_step: bool = False) -> tf.Tensor:
     """Raw outputs ``[T, Q]`` on the query rows after adapting on the support rows.
 
     Evaluation and serving: embeddings are read without inserting (unknown ids read zero
@@ -134,5 +140,6 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
                                              False, adapted_embeddings)
     params = adapter.tower.params()
     fast = adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
-    adapted, _ = adapter.adapt(params, fast, support, learning_rates, first_order=True)
+    adapted, _ = adapter.adapt(params, fast, support, learning_rates, first_order=True,
+                               rates_per_step=rates_per_step)
     return adapter.outputs(params, adapted, query)

@@ -11,15 +11,16 @@ LR, STEPS = 0.3, 2
 NAMES = ["mlp/0/kernel", "mlp/0/bias", "mlp/1/kernel", "mlp/1/bias"]
 
 
-def _reference(model, batch, first_order, learned_rates=False):
+def _reference(model, batch, first_order, per_step=False):
     """Meta-gradients computed task by task with nested tapes, from the model's current
-    weights and embedding rows, written independently of gmeta_tf.meta.
+    weights and embedding rows, written independently of gmeta_tf.meta. ``per_step``: one
+    inner rate per weight and step (its gradient has a leading step axis).
 
     Returns (dense gradients by name, inner-rate gradients by name, row gradients by
     (feature, id), per-task adapted weights by name).
     """
     params = {n: tf.Variable(v.numpy()) for n, v in model.tower.params().items()}
-    rates = {n: tf.Variable(LR) for n in NAMES}
+    rates = {n: tf.Variable([LR] * STEPS if per_step else LR) for n in NAMES}
     ids = {f: np.unique(np.concatenate([batch[r][f][batch[r]["mask"] > 0]
                                         for r in ("support", "query")]))
            for f in ("user_id", "item_id")}
@@ -39,14 +40,15 @@ def _reference(model, batch, first_order, learned_rates=False):
     for t in range(num_tasks):
         with tf.GradientTape() as outer:
             w = [params[n] * 1.0 for n in NAMES]
-            for _ in range(STEPS):
+            for step in range(STEPS):
                 with tf.GradientTape() as inner:
                     inner.watch(w)
                     support_loss = loss(w, "support", t)
                 g = inner.gradient(support_loss, w)
                 if first_order:
                     g = [tf.stop_gradient(x) for x in g]
-                w = [wi - rates[n] * gi for wi, gi, n in zip(w, g, NAMES)]
+                w = [wi - (rates[n][step] if per_step else rates[n]) * gi
+                     for wi, gi, n in zip(w, g, NAMES)]
             query_loss = loss(w, "query", t)
         sources = [params[n] for n in NAMES] + [rates[n] for n in NAMES] + [tables[f] for f in ids]
         grads = outer.gradient(query_loss, sources)
@@ -71,14 +73,14 @@ def _rows(model, ids):
             for i, row in zip(ids[f], tiny.rows_of(model, {f: ids[f]})[f])}
 
 
-def _meta_step(algorithm, batch, learn_inner_lr=False):
+def _meta_step(algorithm, batch, learn_inner_lr=False, per_step=False):
     """A fresh tiny model, ids inserted; returns (model, its grads by name, row changes)."""
     model = tiny.model(MetaConfig(algorithm, inner_steps=STEPS, inner_lr=LR,
-                                  learn_inner_lr=learn_inner_lr))
+                                  learn_inner_lr=learn_inner_lr, inner_lr_per_step=per_step))
     tiny.insert_ids(model, batch)
     ids = _ids(batch)
     before = _rows(model, ids)
-    reference = _reference(model, batch, first_order=algorithm != "maml")
+    reference = _reference(model, batch, first_order=algorithm != "maml", per_step=per_step)
     _, _, grads = model.meta_gradients(batch)
     after = _rows(model, ids)
     names = [v.name.split("/", 1)[-1] for v in model.slow_variables]
@@ -98,6 +100,24 @@ def test_maml_meta_gradient_equals_nested_tape_reference(num_tasks):
         np.testing.assert_allclose(grads[n], dense[n], rtol=1e-4, atol=1e-6, err_msg=n)
         np.testing.assert_allclose(grads[f"lr:{n}"], dlr[n], rtol=1e-4, atol=1e-6, err_msg=n)
     # Sparse SGD(1.0): a row moves by minus its (second-order) meta-gradient.
+    for key, change in changes.items():
+        np.testing.assert_allclose(change, -drows[key], rtol=1e-4, atol=1e-6, err_msg=str(key))
+
+
+def test_per_step_inner_rates_get_their_own_meta_gradients():
+    """MAML++ per-step rates: each step's rate gets its own gradient (nested-tape reference);
+    with all rates equal, the forward is plain Meta-SGD's and the per-step gradients sum
+    to the one rate's gradient."""
+    batch = tiny.tasks(3, seed=7)
+    _, grads, changes, (dense, dlr, drows, _) = _meta_step("maml", batch, True, per_step=True)
+    _, shared, _, _ = _meta_step("maml", batch, learn_inner_lr=True)
+    for n in NAMES:
+        assert grads[f"lr:{n}"].shape == (STEPS,)
+        np.testing.assert_allclose(grads[f"lr:{n}"], dlr[n], rtol=1e-4, atol=1e-6, err_msg=n)
+        np.testing.assert_allclose(grads[f"lr:{n}"].sum(), shared[f"lr:{n}"], rtol=1e-4,
+                                   atol=1e-6, err_msg=n)
+        np.testing.assert_allclose(grads[n], dense[n], rtol=1e-4, atol=1e-6, err_msg=n)
+    assert abs(grads[f"lr:{NAMES[0]}"][0] - grads[f"lr:{NAMES[0]}"][1]) > 1e-6
     for key, change in changes.items():
         np.testing.assert_allclose(change, -drows[key], rtol=1e-4, atol=1e-6, err_msg=str(key))
 

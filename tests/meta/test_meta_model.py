@@ -92,6 +92,27 @@ def test_meta_sgd_per_element_learns_one_rate_per_weight_element():
     assert np.unique(np.round(kernel, 7)).size > 1  # the elements moved apart
 
 
+def test_per_step_rates_shape_and_adapting_past_k_reuses_the_last_step():
+    config = MetaConfig("maml", inner_steps=2, inner_lr=0.1, learn_inner_lr=True,
+                        inner_lr_per_step=True, inner_lr_per_element=True)
+    model = tiny.model(config)
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.05))
+    batch = tiny.tasks(4, seed=3)
+    model.train_step(batch)
+    params = model.tower.params()
+    for name, rate in model.inner_lr_variables.items():
+        assert rate.shape.as_list() == [2] + params[name].shape.as_list(), name
+    # Three steps: steps 0 and 1 at their own rates, step 2 at step 1's rates again.
+    for rate in model.inner_lr_variables.values():
+        rate.assign(tf.stack([rate[0] * 0.0, rate[1]]))
+    two = model.adapted_predictions(batch, steps=2).numpy()
+    one = model.adapted_predictions(batch, steps=1).numpy()
+    three = model.adapted_predictions(batch, steps=3).numpy()
+    np.testing.assert_allclose(one, model.adapted_predictions(batch, 0).numpy(),
+                               rtol=1e-6)  # step 0's rates are zero
+    assert np.abs(three - two).max() > 1e-6  # the third step moved at step 1's rates
+
+
 def test_fine_tuning_adapts_the_task_embedding_rows():
     model = tiny.model(MetaConfig())
     baseline = CTRModel(model.embedding, model.tower, model.head)
