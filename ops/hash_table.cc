@@ -170,7 +170,8 @@ void HashTable::InitRow(int64_t row, int64_t key) {
 }
 
 void HashTable::LookupOrInsert(const int64_t* ids, const int64_t* counts, int64_t n,
-                               int64_t step, float* values, const ParallelFor& pfor) {
+                               int64_t step, float* values, const ParallelFor& pfor,
+                               int64_t* freq_out) {
   const int64_t dim = config_.dim;
   // 0: done; 1: id absent; 2: present without a row (may cross the admission bar).
   std::vector<uint8_t> pending(n, 0);
@@ -188,7 +189,9 @@ void HashTable::LookupOrInsert(const int64_t* ids, const int64_t* counts, int64_
           continue;
         }
         Slot& slot = const_cast<Slot&>(slots_[s]);
-        AtomicAdd(&slot.freq, counts ? counts[i] : int64_t{1});
+        const int64_t c = counts ? counts[i] : int64_t{1};
+        const int64_t before = __atomic_fetch_add(&slot.freq, c, __ATOMIC_RELAXED);
+        if (freq_out) freq_out[i] = before + c;
         AtomicStore(&slot.last_seen, step);
         if (slot.row >= 0) {
           std::memcpy(values + i * dim, RowPtr(slot.row), dim * sizeof(float));
@@ -224,6 +227,7 @@ void HashTable::LookupOrInsert(const int64_t* ids, const int64_t* counts, int64_
     if (pending[i] == 1) {
       slots_[s].freq += counts ? counts[i] : 1;
       slots_[s].last_seen = step;
+      if (freq_out) freq_out[i] = slots_[s].freq;
     }
     Slot& slot = slots_[s];
     if (slot.row < 0 && slot.freq >= config_.admit_after) {
@@ -399,6 +403,50 @@ std::vector<int64_t> HashTable::Evict(int64_t step, int64_t max_age, int64_t max
   for (int64_t key : doomed) EraseSlot(FindSlot(key));
   std::sort(doomed.begin(), doomed.end());
   return doomed;
+}
+
+void HashTable::ReadEntries(const int64_t* ids, int64_t n, float* values, float* slots,
+                            int64_t* freq, int64_t* last_seen, bool* found,
+                            const ParallelFor& pfor) const {
+  const int64_t dim = config_.dim;
+  const int64_t sdim = config_.num_slots * dim;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  pfor(n, 50 + 4 * stride(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetchDistance < end) PrefetchHome(ids[i + kPrefetchDistance]);
+      const int64_t s = FindSlot(ids[i]);
+      // Counters may be bumped concurrently by a shared-locked LookupOrInsert: atomic reads.
+      freq[i] = s == kNotFound ? 0 : AtomicLoad(&slots_[s].freq);
+      last_seen[i] = s == kNotFound ? 0 : AtomicLoad(&slots_[s].last_seen);
+      const int64_t row = s == kNotFound ? kNoRow : slots_[s].row;
+      found[i] = row >= 0;
+      if (row >= 0) {
+        const float* p = RowPtr(row);
+        std::memcpy(values + i * dim, p, dim * sizeof(float));
+        std::memcpy(slots + i * sdim, p + dim, sdim * sizeof(float));
+      } else {
+        std::fill(values + i * dim, values + (i + 1) * dim, config_.default_value);
+        std::fill(slots + i * sdim, slots + (i + 1) * sdim, config_.slot_init);
+      }
+    }
+  });
+}
+
+std::vector<int64_t> HashTable::MostFrequent(int64_t k) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::vector<std::pair<int64_t, int64_t>> entries;  // (-freq, key): ascending = wanted order
+  entries.reserve(num_rows_in_use_);
+  for (const Slot& s : slots_) {
+    if (s.row >= 0) entries.emplace_back(-AtomicLoad(&s.freq), s.key);
+  }
+  const int64_t take = std::max<int64_t>(0, std::min<int64_t>(k, entries.size()));
+  if (take < static_cast<int64_t>(entries.size())) {
+    std::nth_element(entries.begin(), entries.begin() + take, entries.end());
+  }
+  std::sort(entries.begin(), entries.begin() + take);
+  std::vector<int64_t> ids(take);
+  for (int64_t i = 0; i < take; ++i) ids[i] = entries[i].second;
+  return ids;
 }
 
 ExportedTable HashTable::Export() const {

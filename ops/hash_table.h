@@ -96,9 +96,11 @@ class HashTable {
   int64_t IndexCapacity() const;
 
   // Looks up ids, inserting missing ones; counts[i] (or 1 when counts is null) is added
-  // to each id's frequency and last_seen is set to step. Writes n * dim values.
+  // to each id's frequency and last_seen is set to step. Writes n * dim values. When
+  // freq_out is given, freq_out[i] is ids[i]'s frequency once its count was added (an id
+  // listed more than once: the largest of its entries is its frequency after the call).
   void LookupOrInsert(const int64_t* ids, const int64_t* counts, int64_t n, int64_t step,
-                      float* values, const ParallelFor& pfor);
+                      float* values, const ParallelFor& pfor, int64_t* freq_out = nullptr);
 
   // Read-only lookup: unknown or not admitted ids read the default row; found[i] tells
   // which ids have a row (found may be null).
@@ -115,6 +117,18 @@ class HashTable {
   // more than max_size ids remain (max_size < 0: no limit), the least recently seen ones.
   // Returns the evicted ids.
   std::vector<int64_t> Evict(int64_t step, int64_t max_age, int64_t max_size);
+
+  // An export of just these ids (in the given order, no counting): for an id with a row,
+  // found[i] is true and row, slots (n * num_slots * dim), frequency and last-seen step
+  // are the table's; otherwise values read default_value, slots slot_init, and freq and
+  // last_seen are the table's counters of a known id, 0 for an unknown one.
+  void ReadEntries(const int64_t* ids, int64_t n, float* values, float* slots, int64_t* freq,
+                   int64_t* last_seen, bool* found, const ParallelFor& pfor) const;
+
+  // The ids of the k most frequent entries with a row (fewer when the table has fewer),
+  // most frequent first, ties by ascending id. One pass over the index plus a partial
+  // selection: no export, no copy of rows.
+  std::vector<int64_t> MostFrequent(int64_t k) const;
 
   ExportedTable Export() const;
 

@@ -6,7 +6,6 @@
 #include <memory>
 #include <numeric>
 #include <tuple>
-#include <unordered_map>
 
 namespace gmeta {
 namespace {
@@ -138,49 +137,92 @@ void MixCache::WriteBack(HashTable& table, const std::vector<int32_t>& slots) {
   stats_.written_back += n;
 }
 
-void MixCache::AdmitNew(HashTable& table, const std::vector<int64_t>& candidates,
-                        const int64_t* ids, const int64_t* counts, int64_t num_ids,
-                        const float* values, int64_t step) {
-  // One candidate per id. An id may come from several requesters, some of whose counts
-  // were too small to make it a candidate: its frequency in the table is the total.
-  struct Candidate {
-    int64_t id, count, pos;
-  };
-  std::unordered_map<int64_t, int64_t> first_pos;  // candidate id -> first position
-  first_pos.reserve(candidates.size() * 2);
-  for (int64_t pos : candidates) first_pos.emplace(ids[pos], pos);
-  std::unordered_map<int64_t, int64_t> total;
-  total.reserve(first_pos.size() * 2);
-  for (int64_t k = 0; k < num_ids; ++k) {
-    if (first_pos.count(ids[k])) total[ids[k]] += counts ? counts[k] : 1;
+std::vector<int32_t> MixCache::ReadIn(const HashTable& table, const std::vector<int64_t>& ids,
+                                     const ParallelFor& pfor) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<int32_t> slot_of(n, kFree);
+  if (n == 0) return slot_of;
+  const int64_t sdim = num_slots_ * dim_;
+  std::vector<float> values(n * dim_), slots(n * sdim);
+  std::vector<int64_t> freq(n), last_seen(n);
+  std::unique_ptr<bool[]> found(new bool[n]);
+  table.ReadEntries(ids.data(), n, values.data(), slots.data(), freq.data(), last_seen.data(),
+                    found.get(), pfor);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!found[i]) continue;  // no row to cache (imported as not admitted)
+    const int32_t s = Insert(ids[i]);
+    slot_of[i] = s;
+    freq_[s] = freq[i];
+    last_seen_[s] = last_seen[i];
+    dirty_[s] = 0;
   }
-  std::vector<Candidate> merged;
-  merged.reserve(first_pos.size());
-  for (const auto& [id, pos] : first_pos) merged.push_back({id, total[id], pos});
-  // The cache wants the hottest; ties broken by id so every run agrees.
-  std::sort(merged.begin(), merged.end(), [](const Candidate& a, const Candidate& b) {
-    return a.count != b.count ? a.count > b.count : a.id < b.id;
-  });
-
-  // Decide: free slots first, then replace the coldest cached entries (LFU) while the
-  // candidate is strictly more frequent.
-  const int64_t free_now = static_cast<int64_t>(free_slots_.size());
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> victims;  // (freq, last_seen, key)
-  int64_t admit = std::min<int64_t>(free_now, merged.size());
-  if (admit < static_cast<int64_t>(merged.size()) && merged[admit].count >= min_count_) {
-    victims.reserve(capacity_ - free_now);
-    for (const IndexEntry& e : index_) {
-      if (e.slot != kFree) victims.emplace_back(freq_[e.slot], last_seen_[e.slot], e.key);
+  pfor(n, 2 * stride(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (slot_of[i] == kFree) continue;
+      float* row = Row(slot_of[i]);
+      std::memcpy(row, values.data() + i * dim_, dim_ * sizeof(float));
+      std::memcpy(row + dim_, slots.data() + i * sdim, sdim * sizeof(float));
     }
-    std::sort(victims.begin(), victims.end());
+  });
+  return slot_of;
+}
+
+void MixCache::Admit(HashTable& table, const int64_t* ids, const int64_t* counts,
+                     const int64_t* freq, int64_t n, const ParallelFor& pfor) {
+  // Only ids with a row can be cached: after a lookup, those whose frequency reached
+  // admit_after. When the cache is full a candidate must beat its coldest entry.
+  int64_t bar = std::max<int64_t>({min_count_, table_config_.admit_after, 1});
+  if (free_slots_.empty()) {
+    bar = std::max(bar, *std::min_element(freq_.begin(), freq_.end()) + 1);
   }
+  struct Candidate {
+    int64_t id, freq;
+  };
+  std::vector<Candidate> merged;
+  for (int64_t k = 0; k < n; ++k) {
+    if (freq[k] >= bar) merged.push_back({ids[k], freq[k]});
+  }
+  if (merged.empty()) return;
+  // An id asked for by several requesters appears once per request; the last of them to
+  // be counted carries its total frequency (the largest).
+  std::sort(merged.begin(), merged.end(), [](const Candidate& a, const Candidate& b) {
+    return a.id != b.id ? a.id < b.id : a.freq > b.freq;
+  });
+  merged.erase(std::unique(merged.begin(), merged.end(),
+                           [](const Candidate& a, const Candidate& b) { return a.id == b.id; }),
+               merged.end());
+  // The hottest first, ties by id so every run agrees; no more than capacity can enter.
+  const auto hotter = [](const Candidate& a, const Candidate& b) {
+    return a.freq != b.freq ? a.freq > b.freq : a.id < b.id;
+  };
+  if (static_cast<int64_t>(merged.size()) > capacity_) {
+    std::nth_element(merged.begin(), merged.begin() + capacity_, merged.end(), hotter);
+    merged.resize(capacity_);
+  }
+  std::sort(merged.begin(), merged.end(), hotter);
+
+  // Free slots first, then replace the coldest cached entries (LFU; ties: least recently
+  // seen, then lowest id) while the candidate is strictly more frequent.
+  const int64_t num_candidates = static_cast<int64_t>(merged.size());
+  int64_t admit = std::min<int64_t>(free_slots_.size(), num_candidates);
   int64_t replaced = 0;
-  while (admit < static_cast<int64_t>(merged.size()) &&
-         replaced < static_cast<int64_t>(victims.size()) &&
-         merged[admit].count > std::get<0>(victims[replaced])) {
-    ++admit;
-    ++replaced;
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> victims;  // (freq, last_seen, key)
+  if (admit < num_candidates) {
+    const int64_t hottest_left = merged[admit].freq;  // no victim at or above it can go
+    for (const IndexEntry& e : index_) {
+      if (e.slot != kFree && freq_[e.slot] < hottest_left) {
+        victims.emplace_back(freq_[e.slot], last_seen_[e.slot], e.key);
+      }
+    }
+    const int64_t need = std::min<int64_t>(num_candidates - admit, victims.size());
+    std::nth_element(victims.begin(), victims.begin() + need, victims.end());
+    std::sort(victims.begin(), victims.begin() + need);
+    while (replaced < need && merged[admit].freq > std::get<0>(victims[replaced])) {
+      ++admit;
+      ++replaced;
+    }
   }
+  if (admit == 0) return;
   if (replaced > 0) {
     std::vector<int32_t> dirty_victims;
     for (int64_t k = 0; k < replaced; ++k) {
@@ -191,21 +233,26 @@ void MixCache::AdmitNew(HashTable& table, const std::vector<int64_t>& candidates
     for (int64_t k = 0; k < replaced; ++k) Erase(std::get<2>(victims[k]));
     stats_.evicted += replaced;
   }
-  const int64_t sdim = num_slots_ * dim_;
-  for (int64_t k = 0; k < admit; ++k) {
-    const Candidate& c = merged[k];
-    const int32_t s = Insert(c.id);
-    float* row = Row(s);
-    // A new id's state in the host table right now: the row it was just given, fresh
-    // slots, its count, this step. The cached copy starts identical (clean).
-    std::memcpy(row, values + c.pos * dim_, dim_ * sizeof(float));
-    std::fill(row + dim_, row + dim_ + sdim, table_config_.slot_init);
-    freq_[s] = c.count;
-    last_seen_[s] = step;
-    dirty_[s] = 0;
-    stats_.hits += c.count - 1;  // its first occurrence missed; the others read the cache
+  std::vector<int64_t> admit_ids(admit);
+  for (int64_t k = 0; k < admit; ++k) admit_ids[k] = merged[k].id;
+  // The lookup just brought the host table's entries up to date: the cached copies start
+  // identical (clean).
+  const std::vector<int32_t> slot_of = ReadIn(table, admit_ids, pfor);
+  std::vector<int64_t> call_count(capacity_, -1);  // per slot admitted now: this call's count
+  int64_t entered = 0;
+  for (int32_t s : slot_of) {
+    if (s == kFree) continue;
+    call_count[s] = 0;
+    ++entered;
   }
-  stats_.admitted += admit;
+  stats_.admitted += entered;
+  // Each admitted id's first occurrence in this call missed; its others read the cache.
+  const std::vector<int32_t> now = FindAll(ids, n, pfor);
+  int64_t occurrences = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    if (now[k] != kFree && call_count[now[k]] >= 0) occurrences += counts ? counts[k] : 1;
+  }
+  stats_.hits += occurrences - entered;
 }
 
 std::vector<int32_t> MixCache::FindAll(const int64_t* ids, int64_t n,
@@ -248,49 +295,24 @@ void MixCache::LookupOrInsert(HashTable& table, const int64_t* ids, const int64_
   if (miss.empty()) return;
 
   const int64_t m = static_cast<int64_t>(miss.size());
-  std::vector<int64_t> miss_ids(m), miss_counts(counts ? m : 0);
+  std::vector<int64_t> miss_ids(m), miss_counts(counts ? m : 0), miss_freq(m);
   pfor(m, 4, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       miss_ids[k] = ids[miss[k]];
       if (counts) miss_counts[k] = counts[miss[k]];
     }
   });
-  // Admission candidates: frequent enough in this call to enter (when the cache is full:
-  // more frequent than its coldest entry) and new to the host table (a table that admits
-  // on first sight has a row for every id it knows; one probe of it tells).
-  std::vector<int64_t> candidates;  // positions in miss_ids
-  if (capacity_ > 0 && table_config_.admit_after <= 1) {
-    int64_t bar = min_count_;
-    if (free_slots_.empty()) {
-      bar = std::max(bar, *std::min_element(freq_.begin(), freq_.end()) + 1);
-    }
-    std::vector<int64_t> frequent;
-    for (int64_t k = 0; k < m; ++k) {
-      if ((counts ? miss_counts[k] : 1) >= bar) frequent.push_back(k);
-    }
-    if (!frequent.empty()) {
-      const int64_t f = static_cast<int64_t>(frequent.size());
-      std::vector<int64_t> f_ids(f);
-      for (int64_t k = 0; k < f; ++k) f_ids[k] = miss_ids[frequent[k]];
-      std::vector<float> scratch(f * dim_);
-      std::unique_ptr<bool[]> found(new bool[f]);
-      table.Lookup(f_ids.data(), f, scratch.data(), found.get(), pfor);
-      for (int64_t k = 0; k < f; ++k) {
-        if (!found[k]) candidates.push_back(frequent[k]);
-      }
-    }
-  }
   std::vector<float> miss_values(m * dim_);
   table.LookupOrInsert(miss_ids.data(), counts ? miss_counts.data() : nullptr, m, step,
-                       miss_values.data(), pfor);
+                       miss_values.data(), pfor, miss_freq.data());
   pfor(m, 2 * dim_, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       std::memcpy(values + miss[k] * dim_, miss_values.data() + k * dim_, dim_ * sizeof(float));
     }
   });
-  if (!candidates.empty()) {
-    AdmitNew(table, candidates, miss_ids.data(), counts ? miss_counts.data() : nullptr, m,
-             miss_values.data(), step);
+  if (capacity_ > 0) {
+    Admit(table, miss_ids.data(), counts ? miss_counts.data() : nullptr, miss_freq.data(), m,
+          pfor);
   }
 }
 
@@ -389,14 +411,19 @@ int64_t MixCache::ApplyGradients(HashTable& table, const int64_t* ids, const flo
   return updated;
 }
 
-int64_t MixCache::Flush(HashTable& table) {
-  std::lock_guard<std::mutex> lock(mu_);
+void MixCache::FlushLocked(HashTable& table) {
   std::vector<int32_t> dirty;
   for (const IndexEntry& e : index_) {
     if (e.slot != kFree && dirty_[e.slot]) dirty.push_back(e.slot);
   }
   WriteBack(table, dirty);
-  return static_cast<int64_t>(dirty.size());
+}
+
+int64_t MixCache::Flush(HashTable& table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t before = stats_.written_back;
+  FlushLocked(table);
+  return stats_.written_back - before;
 }
 
 void MixCache::Drop(const int64_t* ids, int64_t n) {
@@ -404,33 +431,30 @@ void MixCache::Drop(const int64_t* ids, int64_t n) {
   for (int64_t i = 0; i < n; ++i) Erase(ids[i]);
 }
 
-void MixCache::Reload(HashTable& table, const int64_t* ids, const float* values,
-                      const float* slots, const int64_t* freq, const int64_t* last_seen,
-                      int64_t n) {
+int64_t MixCache::Rebalance(HashTable& table, const ParallelFor& pfor) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<int32_t> dirty;
+  FlushLocked(table);  // the host table's frequencies are now the exact ones
+  const std::vector<int64_t> top = table.MostFrequent(capacity_);
+  std::vector<uint8_t> keep(capacity_, 0);
+  std::vector<int64_t> read_in;
+  for (int64_t id : top) {
+    const int32_t s = Find(id);
+    if (s == kFree) {
+      read_in.push_back(id);
+    } else {
+      keep[s] = 1;
+    }
+  }
+  std::vector<int64_t> dropped;
   for (const IndexEntry& e : index_) {
-    if (e.slot != kFree && dirty_[e.slot]) dirty.push_back(e.slot);
+    if (e.slot != kFree && !keep[e.slot]) dropped.push_back(e.key);
   }
-  WriteBack(table, dirty);
-  std::vector<int64_t> cached;
-  for (const IndexEntry& e : index_) {
-    if (e.slot != kFree) cached.push_back(e.key);
-  }
-  for (int64_t key : cached) Erase(key);
-  const int64_t sdim = num_slots_ * dim_;
-  const int64_t take = std::min(n, capacity_);
-  for (int64_t i = 0; i < take; ++i) {
-    if (Find(ids[i]) != kFree) continue;
-    const int32_t s = Insert(ids[i]);
-    float* row = Row(s);
-    std::memcpy(row, values + i * dim_, dim_ * sizeof(float));
-    std::memcpy(row + dim_, slots + i * sdim, sdim * sizeof(float));
-    freq_[s] = freq[i];
-    last_seen_[s] = last_seen[i];
-    dirty_[s] = 0;
-    ++stats_.admitted;
-  }
+  for (int64_t key : dropped) Erase(key);  // clean after the flush: nothing to write
+  stats_.evicted += static_cast<int64_t>(dropped.size());
+  const std::vector<int32_t> slot_of = ReadIn(table, read_in, pfor);
+  stats_.admitted +=
+      std::count_if(slot_of.begin(), slot_of.end(), [](int32_t s) { return s != kFree; });
+  return capacity_ - static_cast<int64_t>(free_slots_.size());
 }
 
 void MixCache::Clear() {

@@ -7,12 +7,19 @@
 // step); the host table's copy is brought up to date by Flush (and by eviction), which
 // every export and checkpoint runs first.
 //
-// Admission: an id seen at least min_count times in one lookup, and new to the host table
-// (so its state is the deterministic initial row and the slots' initial value, known
-// without reading the table), enters the cache; when the cache is full it replaces the
-// cached entry of lowest frequency if its own count is higher (LFU). Ids the host table
-// already holds enter at Load (the rebalance: the host table's most frequent ids).
+// Admission (LFU on exact frequencies, decided at lookup time; no periodic re-fill is
+// needed): the host table counts every id's occurrences, and the cache counts its own
+// ids', so the frequency of every id looked up is known exactly. After a lookup, an id
+// that missed the cache enters it when its accumulated frequency is at least min_count
+// (and it has a row) and either a slot is free or it is strictly more frequent than the
+// least frequent cached id, which it replaces (ties among victims: least recently seen,
+// then lowest id; among candidates: most frequent, then lowest id). Its state is read from
+// the host table, where the lookup just left it, so the cached copy starts identical.
 // Eviction writes the evicted entries back to the host table.
+//
+// Rebalance re-fills the cache with the host table's exactly most frequent ids (after a
+// flush; one pass over the host index and a partial selection, no export): the cache the
+// admission rule converges to, for callers that want it at once (e.g. after an import).
 //
 // On a GPU the dense array would live in device memory; on CPU it is host memory whose
 // benefit is locality (hot rows contiguous, one small index), not transfers.
@@ -68,10 +75,11 @@ class MixCache {
   // Forgets ids without writing them back (after the host table evicted them).
   void Drop(const int64_t* ids, int64_t n);
 
-  // Flushes, empties the cache, then caches the given entries (at most capacity of them,
-  // in order) as they are in the host table.
-  void Reload(HashTable& table, const int64_t* ids, const float* values, const float* slots,
-              const int64_t* freq, const int64_t* last_seen, int64_t n);
+  // Flushes, then makes the cached set the host table's min(capacity, rows) most frequent
+  // ids (ties by ascending id): ids already cached stay, the others are dropped (clean
+  // after the flush) or read in. Rows, slots and counters are unchanged. Returns how many
+  // ids are cached.
+  int64_t Rebalance(HashTable& table, const ParallelFor& pfor);
 
   // Empties the cache without writing back (the host table was replaced by an import).
   void Clear();
@@ -97,8 +105,14 @@ class MixCache {
   int32_t Insert(int64_t key);  // a free slot, registered in the index
   void Erase(int64_t key);
   void WriteBack(HashTable& table, const std::vector<int32_t>& slots);
-  void AdmitNew(HashTable& table, const std::vector<int64_t>& candidates, const int64_t* ids,
-                const int64_t* counts, int64_t num_ids, const float* values, int64_t step);
+  void FlushLocked(HashTable& table);
+  // Caches ids (not cached now) with their current host-table state; ids without a row
+  // in the host table are skipped. Returns the slot of each id (kFree when skipped).
+  std::vector<int32_t> ReadIn(const HashTable& table, const std::vector<int64_t>& ids,
+                              const ParallelFor& pfor);
+  // The admission rule (file comment) for the ids of one lookup that missed the cache.
+  void Admit(HashTable& table, const int64_t* ids, const int64_t* counts, const int64_t* freq,
+             int64_t n, const ParallelFor& pfor);
 
   const TableConfig table_config_;
   const int64_t dim_;

@@ -421,41 +421,26 @@ class CachedImportOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("GmetaCachedTableImport").Device(DEVICE_CPU), CachedImportOp);
 
 // ---------------------------------------------------------------------------------------
-REGISTER_OP("GmetaCachedTableReload")
+REGISTER_OP("GmetaCachedTableRebalance")
     .Input("table: resource")
-    .Input("ids: int64")
-    .Input("values: float")
-    .Input("slots: float")
-    .Input("freq: int64")
-    .Input("last_seen: int64")
+    .Output("cached: int64")
     .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
-    .Doc("Flushes and empties the cache, then caches these host-table entries (in order).");
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("Flushes the cache, then makes it hold the host table's most frequent ids (ties by "
+         "ascending id), found by one pass over the host index; returns how many are cached.");
 
-class CachedReloadOp : public OpKernel {
+class CachedRebalanceOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     Ref res;
     OP_REQUIRES_OK(ctx, Get(ctx, &res));
-    const int64_t dim = res->table().config().dim;
-    const int64_t sdim = res->table().config().num_slots * dim;
-    const Tensor& ids = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
-    const int64_t n = ids.dim_size(0);
-    OP_REQUIRES_OK(ctx, CheckRows(ctx->input(2), n, dim, "values"));
-    OP_REQUIRES_OK(ctx, CheckRows(ctx->input(3), n, sdim, "slots"));
-    for (int i = 4; i <= 5; ++i) {
-      OP_REQUIRES(ctx, ctx->input(i).dims() == 1 && ctx->input(i).dim_size(0) == n,
-                  InvalidArgument("freq and last_seen must be vectors of ", n, " entries"));
-    }
-    res->cache().Reload(res->table(), ids.flat<int64_t>().data(),
-                        ctx->input(2).flat<float>().data(), ctx->input(3).flat<float>().data(),
-                        ctx->input(4).flat<int64_t>().data(),
-                        ctx->input(5).flat<int64_t>().data(), n);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = res->cache().Rebalance(res->table(), MakeParallelFor(ctx));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("GmetaCachedTableReload").Device(DEVICE_CPU), CachedReloadOp);
+REGISTER_KERNEL_BUILDER(Name("GmetaCachedTableRebalance").Device(DEVICE_CPU), CachedRebalanceOp);
 
 // ---------------------------------------------------------------------------------------
 REGISTER_OP("GmetaCachedTableFlush")
