@@ -5,6 +5,7 @@ Verbs::
     gmeta data prepare --config default          # make the config's dataset (generate/convert)
     gmeta data movielens ../shared/data/ml-100k out/ml   # any gmeta-data command, as is
     horovodrun -np 2 -H localhost:2 gmeta train --config default [--resume | --fresh]
+    horovodrun -np 2 -H localhost:2 gmeta train --config criteo --staleness 2   # hybrid
     gmeta eval --config default                  # cold-start tasks: meta model vs baseline
     gmeta export --config default                # SavedModel for stock TensorFlow Serving
     gmeta config --config default --set train.steps=10   # print the checked config
@@ -43,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="continue from the latest checkpoint of run_dir")
     group.add_argument("--fresh", action="store_true",
                        help="delete run_dir's checkpoints and start from scratch")
+    train.add_argument("--staleness", metavar="S",
+                       help="hybrid training with embedding lookups up to S batches ahead of "
+                            "their updates (same as --set train.hybrid.staleness=S; plain CTR "
+                            "models only)")
     ev = _with_config(sub.add_parser("eval", help="cold-start evaluation against the baseline"))
     ev.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
     ex = _with_config(sub.add_parser("export", help="export a SavedModel for serving"))
@@ -72,7 +77,10 @@ def _prepare_parser() -> argparse.ArgumentParser:
 # ---- verbs ------------------------------------------------------------------------------
 
 def _config(args: argparse.Namespace) -> PipelineConfig:
-    return load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if getattr(args, "staleness", None) is not None:  # checked with the config's other keys
+        overrides.append(f"train.hybrid.staleness={args.staleness}")
+    return load_config(args.config, overrides)
 
 
 def run_train(args: argparse.Namespace) -> int:

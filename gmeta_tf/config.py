@@ -89,14 +89,28 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CacheSection:
+    """A MixCache of hot rows in front of each rank's shard of a table
+    (``gmeta_tf.embedding.MixCacheConfig``, which defines the fields): ``capacity`` rows per
+    shard; ``min_count``, the occurrences an id needs before it may enter; every
+    ``rebalance_every`` training steps the cache is re-filled with the shard's most frequent
+    ids (0: never). A cache changes speed only, never the trained rows."""
+
+    capacity: int = dataclasses.field(metadata={"min": 1, "max": (1 << 31) - 1})
+    min_count: int = dataclasses.field(default=2, metadata={"min": 1})
+    rebalance_every: int = dataclasses.field(default=0, metadata={"min": 0})
+
+
+@dataclasses.dataclass(frozen=True)
 class TableSection:
-    """One hash table and the features looked up in it."""
+    """One hash table, the features looked up in it, and optionally its MixCache."""
 
     features: tuple[str, ...] = ()
     optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
     learning_rate: float = dataclasses.field(default=0.05, metadata={"min_exclusive": 0.0})
     admit_after: int = dataclasses.field(default=1, metadata={"min": 1})
     init_scale: float = dataclasses.field(default=0.05, metadata={"min": 0.0})
+    cache: CacheSection | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +161,19 @@ class MetaSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class HybridSection:
+    """PERSIA hybrid training (``gmeta_tf.embedding.HybridTrainer``): embedding lookups run
+    up to ``staleness`` batches ahead of their updates in a background thread while the
+    dense tower trains synchronously; 0 is synchronous training through the same two
+    phases (its result equals the plain path's)."""
+
+    staleness: int = dataclasses.field(default=0, metadata={"min": 0})
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The training loop."""
+    """The training loop; ``hybrid`` (absent: the plain synchronous step) trains the plain
+    CTR model (``meta.enabled: false``) with bounded-stale embeddings."""
 
     steps: int = dataclasses.field(default=1000, metadata={"min": 1})
     optimizer: Literal["adam", "adagrad", "sgd"] = "adam"
@@ -160,6 +185,7 @@ class TrainConfig:
     checkpoint_every: int = dataclasses.field(default=0, metadata={"min": 0})
     keep_checkpoints: int = dataclasses.field(default=3, metadata={"min": 1})
     baseline: bool = True
+    hybrid: HybridSection | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,7 +308,9 @@ def apply_override(raw: dict, item: str) -> None:
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
+        if node.get(part) is None:  # absent, or null in the YAML (e.g. 'hybrid: null')
+            node[part] = {}
+        child = node[part]
         if not isinstance(child, dict):
             raise ConfigError(f"override {item!r}: config key "
                               f"'{'.'.join(parts[:i + 1])}' is a value, not a section")
@@ -319,6 +347,11 @@ def _build(cls: type, raw: Any, prefix: str):
         raise ConfigError(f"config key '{key}' is not allowed: unknown key; "
                           f"'{prefix or '<top>'}' allows {sorted(fields)}")
     hints = typing.get_type_hints(cls)
+    for name, field in fields.items():
+        if (name not in raw and field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING):
+            raise ConfigError(f"config key '{_join(prefix, name)}' is missing: expected "
+                              f"{_describe(hints[name], field.metadata)}")
     values = {}
     for name, value in raw.items():
         key = _join(prefix, name)
@@ -376,6 +409,15 @@ def _scalar(hint: Any, value: Any, key: str):
     raise TypeError(f"config field '{key}' has an unsupported type {hint!r}")
 
 
+def _describe(hint: Any, metadata: Mapping[str, Any]) -> str:
+    """What a field allows, in words (for a missing required key)."""
+    if hint is int:
+        low = f" >= {metadata['min']}" if "min" in metadata else ""
+        return f"an integer{low}"
+    return {float: "a number", str: "a non-empty string", bool: "true or false"}.get(
+        hint, _type_name(hint))
+
+
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) is Literal:
         return f"one of {list(typing.get_args(hint))}"
@@ -391,7 +433,8 @@ def _check_range(metadata: Mapping[str, Any], value: Any, key: str) -> None:
             kind = "an integer" if isinstance(item, int) else "a number"
             raise _fail(key, value, f"{kind} >= {metadata['min']}")
         if "max" in metadata and item > metadata["max"]:
-            raise _fail(key, value, f"a number <= {metadata['max']}")
+            kind = "an integer" if isinstance(item, int) else "a number"
+            raise _fail(key, value, f"{kind} <= {metadata['max']}")
         if "min_exclusive" in metadata and item <= metadata["min_exclusive"]:
             raise _fail(key, value, f"a number > {metadata['min_exclusive']}")
 
@@ -432,6 +475,10 @@ def check_consistency(config: PipelineConfig) -> None:
         if f not in tower_sparse:
             raise _fail("meta.adapt_embeddings", list(config.meta.adapt_embeddings),
                         f"sparse features of the tower ({list(tower_sparse)})")
+    if config.train.hybrid is not None and config.meta.enabled:
+        raise _fail("train.hybrid", _plain(dataclasses.asdict(config.train.hybrid)),
+                    "no hybrid section while meta.enabled is true: hybrid training supports "
+                    "the plain CTR model only (set meta.enabled: false, or remove train.hybrid)")
     if config.data.source in ("movielens", "criteo") and not config.data.raw:
         raise _fail("data.raw", config.data.raw,
                     f"the raw input path for data.source '{config.data.source}'")

@@ -6,17 +6,22 @@ import dataclasses
 from typing import Any
 
 from gmeta_tf.embedding import sparse_optimizers
+from gmeta_tf.embedding.mix_cache import MixCacheConfig
 
 COMBINERS = (None, "sum", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
 class TableConfig:
-    """One hash table: its dim, fused sparse optimizer and row policy.
+    """One hash table: its dim, fused sparse optimizer, row policy and optional MixCache.
+
+    ``cache`` (a :class:`MixCacheConfig`, or None) puts a MixCache of hot rows in front of
+    each rank's shard of the table (``gmeta_tf.embedding.mix_cache``).
 
     Example::
 
         TableConfig(name="item", dim=16, optimizer=Adagrad(0.05), admit_after=2)
+        TableConfig(name="ad", dim=16, cache=MixCacheConfig(capacity=50_000, min_count=2))
     """
 
     name: str
@@ -27,6 +32,7 @@ class TableConfig:
     admit_after: int = 1
     default_value: float = 0.0
     seed: int = 0
+    cache: MixCacheConfig | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -35,6 +41,10 @@ class TableConfig:
             raise ValueError(f"TableConfig '{self.name}': dim must be a positive integer, "
                              f"got {self.dim!r}")
         object.__setattr__(self, "optimizer", sparse_optimizers.get(self.optimizer))
+        if self.cache is not None:
+            if not isinstance(self.cache, MixCacheConfig):
+                raise TypeError(f"TableConfig '{self.name}': cache must be a MixCacheConfig or "
+                                f"None, got {self.cache!r}")
 
     def table_kwargs(self) -> dict:
         return dict(optimizer=self.optimizer, seed=self.seed, initializer=self.initializer,

@@ -21,8 +21,8 @@ At size 1 (no horovodrun) the exchanges are identities: the same code path runs.
 The same exchanges are available as two explicit phases for hybrid training
 (``gmeta_tf.embedding.hybrid``): :meth:`ShardedHashEmbedding.pull` (steps 1-4, no autodiff)
 and :meth:`ShardedHashEmbedding.push` (the backward all-to-all and the fused update), with
-the dense step in between. Tables listed in ``caches`` get a MixCache in front of their
-shard (``gmeta_tf.embedding.mix_cache``).
+the dense step in between. Tables with a ``TableConfig.cache`` (or listed in ``caches``)
+get a MixCache in front of their shard (``gmeta_tf.embedding.mix_cache``).
 """
 
 from __future__ import annotations
@@ -156,6 +156,9 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         self.feature_configs = NoDependency(tuple(features))
         self.cache_configs = NoDependency(dict(caches or {}))
         self._validate()
+        # One map of every cached table: TableConfig.cache, plus the older ``caches=``.
+        self.cache_configs = NoDependency({**{t.name: t.cache for t in self.table_configs
+                                              if t.cache is not None}, **self.cache_configs})
         self.world_size = distributed.size()
         self.world_rank = distributed.rank()
         self.gradient_scale = (1.0 / self.world_size) if gradient_scale is None else gradient_scale
@@ -189,6 +192,10 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
                 raise ValueError(f"caches: '{table}' is not one of the tables {names}")
             if not isinstance(cache, MixCacheConfig):
                 raise TypeError(f"caches['{table}'] must be a MixCacheConfig, got {cache!r}")
+            config = self.table_configs[names.index(table)]
+            if config.cache is not None:
+                raise ValueError(f"table '{table}' has a cache both in its TableConfig.cache "
+                                 f"({config.cache}) and in caches= ({cache}): give it once")
 
     def build(self, input_shape):
         add_update_weights(self)
@@ -385,7 +392,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
 
     def table_sizes(self) -> dict[str, int]:
         """Rows (admitted ids) held by this rank's shard of each table."""
-        return {name: int(shard.num_rows()) for name, shard in self.shards.items()}
+        return {name: int(_num_rows(shard)) for name, shard in self.shards.items()}
 
     def table_ids(self) -> dict[str, int]:
         """Ids (admitted or still being counted) known to this rank's shard of each table."""
@@ -412,13 +419,24 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            tables=[dict(t.__dict__, optimizer=dict(name=t.optimizer.name, **t.optimizer.__dict__))
+            # Each table's cache is listed once, under ``caches``.
+            tables=[dict({k: v for k, v in t.__dict__.items() if k != "cache"},
+                         optimizer=dict(name=t.optimizer.name, **t.optimizer.__dict__))
                     for t in self.table_configs],
             features=[dict(f.__dict__) for f in self.feature_configs],
             gradient_scale=self.gradient_scale,
             caches={name: dict(c.__dict__) for name, c in self.cache_configs.items()},
         )
         return config
+
+
+def _num_rows(shard: HashTable) -> tf.Tensor:
+    """Admitted rows of a shard. MixCachedHashTable inherits ``HashTable.num_rows``, whose
+    op reads a plain table's resource and refuses a cached one: ask the cached table's own
+    size op (its second output counts the admitted ids, cached ones included)."""
+    if isinstance(shard, MixCachedHashTable) and "num_rows" not in vars(MixCachedHashTable):
+        return ops.library().gmeta_cached_table_size(shard.handle)[1]
+    return shard.num_rows()
 
 
 def _gradient_alltoall(tensor: tf.Tensor, splits: tf.Tensor) -> tf.Tensor:

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, ModelConfig, PipelineConfig, tower_sparse_features
-from gmeta_tf.embedding import FeatureConfig, ShardedHashEmbedding, TableConfig
+from gmeta_tf.embedding import FeatureConfig, MixCacheConfig, ShardedHashEmbedding, TableConfig
 from gmeta_tf.meta import MetaConfig, MetaModel
 from gmeta_tf.models import BinaryHead, CTRModel, DLRMTower, Head, MeLUTower, RatingHead
 from gmeta_tf.models.tower import Tower
@@ -74,17 +74,23 @@ def _of_kind(schema: meta_io.Schema, *kinds: str) -> list[str]:
 
 
 def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> ShardedHashEmbedding:
-    """The sharded hash embedding of the config's tables (multi-hot features mean-pooled)."""
+    """The sharded hash embedding of the config's tables (multi-hot features mean-pooled;
+    a table with a ``cache`` section gets a MixCache in front of each shard)."""
     multi_hot = set(_of_kind(schema, "multi_hot"))
     tables, features = [], []
     for table, spec in model.tables.items():
         optimizer = {"name": spec.optimizer, "learning_rate": spec.learning_rate}
+        cache = (MixCacheConfig(spec.cache.capacity, spec.cache.min_count,
+                                spec.cache.rebalance_every) if spec.cache is not None else None)
         tables.append(TableConfig(table, model.embedding_dim, optimizer=optimizer,
                                   admit_after=spec.admit_after, init_scale=spec.init_scale,
-                                  seed=model.seed))
+                                  seed=model.seed, cache=cache))
         features += [FeatureConfig(f, table, combiner="mean" if f in multi_hot else None)
                      for f in spec.features]
-    return ShardedHashEmbedding(tables, features, name=name)
+    try:
+        return ShardedHashEmbedding(tables, features, name=name)
+    except (ValueError, TypeError) as err:  # e.g. a cache the table class cannot combine
+        raise ConfigError(f"config section 'model.tables' is not allowed: {err}") from err
 
 
 def make_tower(model: ModelConfig, name: str) -> Tower:

@@ -9,6 +9,15 @@ table shards) are written every ``train.checkpoint_every`` steps and at the end;
 ``resume=True`` restores the latest one and continues with the very batches an
 uninterrupted run would have taken, so it ends with the same weights.
 
+With ``train.hybrid`` (the plain CTR model only) the steps run through
+``gmeta_tf.embedding.HybridTrainer``: embedding pulls run up to ``staleness`` batches ahead
+of their updates in a background thread while the dense step stays synchronous. The run is
+cut into segments at every log, evaluation and checkpoint step; each segment ends with
+every pending update applied, so reports, evaluations and checkpoints see consistent
+tables (and a resumed run takes the same schedule as an uninterrupted one). Tables with a
+``cache`` report their hit rate with each log line; the staleness seen and the caches'
+counters go into the run's summary.
+
 Example::
 
     config = load_config("default", ["train.steps=200"])
@@ -34,7 +43,10 @@ import tensorflow as tf
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config
+from gmeta_tf.embedding import MixCachedHashTable
+from gmeta_tf.embedding.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
+from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.training.devices import configure_devices
 from gmeta_tf.training.evaluation import periodic_metrics
 from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
@@ -59,6 +71,14 @@ class TrainResult:
     table_rows: dict[str, int]
     alltoall_bytes_per_step: float
     eval: dict[str, float]
+    #: With ``train.hybrid``: the staleness seen by this run's batches (all ranks):
+    #: staleness_bound, staleness_max, staleness_mean, staleness_hist (batches pulled with
+    #: k updates missing, k = 0..bound), and per-rank mean seconds waiting for rows, in
+    #: dense steps and re-filling caches. None for the plain synchronous step.
+    hybrid: dict | None = None
+    #: Per cached table, the MixCache counters summed over ranks since the tables were
+    #: made (hits, lookups, size, capacity, admitted, evicted) and hit_rate.
+    cache: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def samples_per_sec(self) -> float:
@@ -87,6 +107,7 @@ class Trainer:
         self.rank, self.size = distributed.rank(), distributed.size()
         self.placement = configure_devices()
         self.ckpt_dir = Path(config.checkpoint_dir)
+        self._cache_base: dict[str, dict[str, float]] = {}  # cache counters at the last report
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -140,6 +161,67 @@ class Trainer:
 
         return step if models.is_meta else ctr_step
 
+    def _sync_steps(self, models: Models, meter: "_Meter"):
+        """Trains steps ``done+1..stop`` one by one (the plain synchronous step)."""
+        step_fn = self._step_function(models)
+
+        def train(batches: Iterator[dict], done: int, stop: int) -> dict:
+            out = {}
+            for step in range(done + 1, stop + 1):
+                batch = next(batches)
+                out = step_fn(batch)
+                meter.add(_real_rows(batch))
+                _rebalance_caches(models, step)
+            return out
+
+        return train
+
+    def _hybrid_steps(self, models: Models, meter: "_Meter"):
+        """Trains steps ``done+1..stop`` through a HybridTrainer; returns with every update
+        of those steps applied. Returns ``(train, trainer)``."""
+        model = models.model
+        if models.is_meta:  # check_consistency refuses this config already
+            raise ConfigError("config key 'train.hybrid' is not allowed with meta.enabled: true")
+        tower, head, embedding = model.tower, model.head, model.embedding
+        names = [f.name for f in embedding.feature_configs]
+
+        def loss_fn(embedded, rows):  # CTRModel._loss on pulled rows
+            outputs = tower({**embedded, **{n: rows[n] for n in tower.dense_features}})
+            labels = tf.cast(rows[head.label], tf.float32)
+            return tf.reduce_mean(head.row_loss(labels, outputs))
+
+        @tf.function(reduce_retracing=True)
+        def to_rows(batch):  # the CTR step's input, multi-hot ids as ragged
+            rows = task_rows(batch)
+            return {**rows, **embedding_inputs(rows, names)}
+
+        trainer = HybridTrainer(embedding, loss_fn, dense_slow_variables(model),
+                                models.optimizers.model, staleness=self.config.train.hybrid
+                                .staleness)
+
+        def train(batches: Iterator[dict], done: int, stop: int) -> dict:
+            def feed():  # runs in the trainer's embedding thread
+                for _ in range(done, stop):
+                    batch = next(batches)
+                    meter.add(_real_rows(batch))
+                    yield to_rows(batch)
+
+            trainer.fit(feed())  # returns with every pull's update applied
+            loss = trainer.losses[-1]
+            trainer.losses.clear()
+            return {"loss": loss}
+
+        return train, trainer
+
+    def _stops(self, start: int) -> Iterator[int]:
+        """The steps after which the loop logs, evaluates or checkpoints, in order."""
+        t = self.config.train
+        for step in range(start + 1, t.steps + 1):
+            if (step % t.log_every == 0 or step == t.steps
+                    or (t.eval_every and step % t.eval_every == 0)
+                    or (t.checkpoint_every and step % t.checkpoint_every == 0)):
+                yield step
+
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
@@ -153,21 +235,26 @@ class Trainer:
                 variables += dense_slow_variables(models.baseline)
             distributed.broadcast_variables(variables)
         self._write_config()
-        step_fn = self._step_function(models)
         batches = self._batches(start)
         tensorboard = _Scalars(config.tensorboard_dir if self.rank == 0 else None)
         bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
+        self._cache_base = self._cache_totals(models)
         meter = _Meter()
+        hybrid = None
+        if t.hybrid is not None:
+            train, hybrid = self._hybrid_steps(models, meter)
+        else:
+            train = self._sync_steps(models, meter)
         last_ckpt, out, eval_metrics = None, {}, {}
-        log.info("training %s from step %d to %d on %d rank(s), devices: tables %s, dense %s",
+        log.info("training %s from step %d to %d on %d rank(s), devices: tables %s, dense %s%s",
                  config.name, start, t.steps, self.size, self.placement.tables,
-                 self.placement.dense)
-        for step in range(start + 1, t.steps + 1):
-            batch = next(batches)
-            out = step_fn(batch)
-            meter.add(_real_rows(batch))
+                 self.placement.dense, f", hybrid (staleness {hybrid.staleness})" if hybrid else "")
+        done = start
+        for step in self._stops(start):
+            out = train(batches, done, step)
+            done = step
             if step % t.log_every == 0 or step == t.steps:
-                self._report(step, out, models, meter, bar, tensorboard)
+                self._report(step, out, models, meter, bar, tensorboard, hybrid)
             with meter.paused():  # samples/s counts training time only
                 if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                     eval_metrics = self._evaluate(step, models, tensorboard)
@@ -176,12 +263,12 @@ class Trainer:
         bar.close()
         if last_ckpt is None or not last_ckpt.name.endswith(f"-{t.steps}"):
             last_ckpt = self._save(models, t.steps)
-        result = self._result(start, models, meter, out, last_ckpt, eval_metrics)
+        result = self._result(start, models, meter, out, last_ckpt, eval_metrics, hybrid)
         tensorboard.close()
         return result
 
     def _report(self, step: int, out: dict, models: Models, meter: "_Meter", bar: ProgressBar,
-                tensorboard: "_Scalars") -> None:
+                tensorboard: "_Scalars", hybrid: HybridTrainer | None = None) -> None:
         losses = {k: float(v) for k, v in out.items()}
         names = sorted(losses)
         mean = distributed.sum_over_ranks(np.array([losses[k] for k in names])) / self.size
@@ -196,7 +283,59 @@ class Trainer:
                    "train/samples_per_sec": rate,
                    "collectives/alltoall_bytes_total": alltoall,
                    **{f"tables/{k}_rows": v for k, v in sizes.items()}}
+        notes = []
+        caches = self._cache_totals(models)
+        for table, now in caches.items():  # hit rate of the steps since the last report
+            base = self._cache_base.get(table, {})
+            lookups = now["lookups"] - base.get("lookups", 0.0)
+            hit_rate = (now["hits"] - base.get("hits", 0.0)) / lookups if lookups else 0.0
+            scalars[f"cache/{table}_hit_rate"] = hit_rate
+            scalars[f"cache/{table}_size"] = now["size"]
+            notes.append(f"cache {table} hit rate {hit_rate:.3f} ({int(now['size'])} rows "
+                         f"cached)")
+        self._cache_base = caches
+        if hybrid is not None:
+            stale = self._staleness(hybrid)
+            scalars["hybrid/staleness_max"] = stale["staleness_max"]
+            scalars["hybrid/staleness_mean"] = stale["staleness_mean"]
+            notes.append(f"staleness max {stale['staleness_max']} mean "
+                         f"{stale['staleness_mean']:.2f} (bound {hybrid.staleness})")
+        if notes:
+            log.info("step %d: %s", step, "; ".join(notes))
         tensorboard.write(step, scalars)
+
+    def _cache_totals(self, models: Models) -> dict[str, dict[str, float]]:
+        """Each cached table's MixCache counters summed over ranks, and its hit rate."""
+        stats = models.model.embedding.cache_stats()  # the same tables on every rank
+        if not stats:
+            return {}
+        names, keys = sorted(stats), _CACHE_COUNTERS
+        total = distributed.sum_over_ranks(
+            np.array([[stats[n][k] for k in keys] for n in names], np.float64).reshape(-1))
+        out = {}
+        for i, name in enumerate(names):
+            counters = dict(zip(keys, (float(v) for v in total[i * len(keys):(i + 1) * len(keys)])))
+            counters["hit_rate"] = (counters["hits"] / counters["lookups"]
+                                    if counters["lookups"] else 0.0)
+            out[name] = counters
+        return out
+
+    def _staleness(self, trainer: HybridTrainer) -> dict:
+        """The trainer's staleness figures over all ranks (a collective: call on every rank)."""
+        metrics = trainer.metrics()
+        hist = distributed.sum_over_ranks(np.array(metrics["staleness_hist"], np.int64))
+        seconds = distributed.sum_over_ranks(np.array(
+            [metrics["wait_for_rows_s"], metrics["dense_s"], metrics["cache_rebalance_s"]],
+            np.float64)) / self.size
+        seen = np.flatnonzero(hist)
+        batches = int(hist.sum())
+        return {"staleness_bound": trainer.staleness,
+                "staleness_max": int(seen.max()) if seen.size else 0,
+                "staleness_mean": float((hist * np.arange(hist.size)).sum() / batches)
+                if batches else 0.0,
+                "staleness_hist": [int(v) for v in hist],
+                "wait_for_rows_s": float(seconds[0]), "dense_s": float(seconds[1]),
+                "cache_rebalance_s": float(seconds[2])}
 
     def _evaluate(self, step: int, models: Models, tensorboard: "_Scalars") -> dict[str, float]:
         metrics = periodic_metrics(models, self.config)
@@ -238,7 +377,7 @@ class Trainer:
             dump_config(self.config, os.path.join(self.config.run_dir, "config.yaml"))
 
     def _result(self, start: int, models: Models, meter: "_Meter", out: dict, ckpt: Path,
-                eval_metrics: dict) -> TrainResult:
+                eval_metrics: dict, hybrid: HybridTrainer | None = None) -> TrainResult:
         samples = float(distributed.sum_over_ranks(np.array([meter.total], np.float64))[0])
         loss = float(distributed.sum_over_ranks(np.array([float(out.get("loss", np.nan))]))[0]) / self.size
         baseline = None
@@ -248,13 +387,39 @@ class Trainer:
         steps = self.config.train.steps - start
         result = TrainResult(start, self.config.train.steps, meter.elapsed, int(samples), loss,
                              baseline, str(ckpt), self.size, self._table_rows(models),
-                             self._alltoall_bytes() / max(steps, 1), eval_metrics)
+                             self._alltoall_bytes() / max(steps, 1), eval_metrics,
+                             self._staleness(hybrid) if hybrid is not None else None,
+                             self._cache_totals(models))
         if self.rank == 0:
             summary = {**dataclasses.asdict(result), "samples_per_sec": result.samples_per_sec}
             Path(self.config.run_dir, SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
             log.info("done: %d steps in %.1fs, %.0f samples/s, loss %.4f, checkpoint %s",
                      steps, result.seconds, result.samples_per_sec, loss, ckpt)
+            if result.hybrid is not None:
+                log.info("hybrid: staleness bound %d, max %d, mean %.2f, batches by staleness "
+                         "%s (all ranks); waited %.1fs for rows", result.hybrid["staleness_bound"],
+                         result.hybrid["staleness_max"], result.hybrid["staleness_mean"],
+                         result.hybrid["staleness_hist"], result.hybrid["wait_for_rows_s"])
+            for table, counters in result.cache.items():
+                log.info("cache %s: hit rate %.3f (%d of %d id lookups), %d rows cached",
+                         table, counters["hit_rate"], counters["hits"], counters["lookups"],
+                         counters["size"])
         return result
+
+
+_CACHE_COUNTERS = ("hits", "lookups", "size", "capacity", "admitted", "evicted")
+
+
+def _rebalance_caches(models: Models, step: int) -> None:
+    """Re-fills each MixCache whose ``rebalance_every`` divides ``step`` (local work on this
+    rank's shards; the synchronous step's counterpart of HybridTrainer's re-fill)."""
+    layers = [models.model.embedding] + ([models.baseline.embedding] if models.baseline else [])
+    for layer in layers:
+        for shard in layer.shards.values():
+            if isinstance(shard, MixCachedHashTable):
+                every = shard.cache.rebalance_every
+                if every and step % every == 0:
+                    shard.rebalance()
 
 
 def _real_rows(batch: dict) -> int:
