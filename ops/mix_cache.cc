@@ -1,6 +1,7 @@
 #include "mix_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -238,21 +239,39 @@ void MixCache::Admit(HashTable& table, const int64_t* ids, const int64_t* counts
   // The lookup just brought the host table's entries up to date: the cached copies start
   // identical (clean).
   const std::vector<int32_t> slot_of = ReadIn(table, admit_ids, pfor);
-  std::vector<int64_t> call_count(capacity_, -1);  // per slot admitted now: this call's count
+  // Each admitted id's first occurrence in this call missed; its others read the cache.
+  // Its occurrences are summed over every request that asked for it, through a set of
+  // the admitted ids small enough to stay in the CPU's caches.
+  const uint64_t set_mask = static_cast<uint64_t>(NextPow2(std::max<int64_t>(16, 4 * admit))) - 1;
+  std::vector<int64_t> set_key(set_mask + 1);
+  std::vector<uint8_t> set_used(set_mask + 1, 0);
+  const auto set_home = [set_mask](int64_t key) {
+    return Mix64(static_cast<uint64_t>(key) ^ 0x2545F4914F6CDD1DULL) & set_mask;
+  };
   int64_t entered = 0;
-  for (int32_t s : slot_of) {
-    if (s == kFree) continue;
-    call_count[s] = 0;
+  for (int64_t k = 0; k < admit; ++k) {
+    if (slot_of[k] == kFree) continue;
     ++entered;
+    uint64_t i = set_home(admit_ids[k]);
+    while (set_used[i]) i = (i + 1) & set_mask;
+    set_used[i] = 1;
+    set_key[i] = admit_ids[k];
   }
   stats_.admitted += entered;
-  // Each admitted id's first occurrence in this call missed; its others read the cache.
-  const std::vector<int32_t> now = FindAll(ids, n, pfor);
-  int64_t occurrences = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    if (now[k] != kFree && call_count[now[k]] >= 0) occurrences += counts ? counts[k] : 1;
-  }
-  stats_.hits += occurrences - entered;
+  std::atomic<int64_t> occurrences{0};
+  pfor(n, 10, [&](int64_t begin, int64_t end) {
+    int64_t local = 0;
+    for (int64_t k = begin; k < end; ++k) {
+      for (uint64_t i = set_home(ids[k]); set_used[i]; i = (i + 1) & set_mask) {
+        if (set_key[i] == ids[k]) {
+          local += counts ? counts[k] : 1;
+          break;
+        }
+      }
+    }
+    occurrences += local;
+  });
+  stats_.hits += occurrences.load() - entered;
 }
 
 std::vector<int32_t> MixCache::FindAll(const int64_t* ids, int64_t n,
