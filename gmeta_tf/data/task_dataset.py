@@ -102,6 +102,11 @@ class TaskDataset:
         """Rows in this rank's shard."""
         return sum(b.rows for b in self.blocks)
 
+    @property
+    def fewest_tasks_per_rank(self) -> int:
+        """Tasks of the rank whose shard has the fewest (what every rank can batch)."""
+        return min(self._tasks_per_rank)
+
     def steps_per_epoch(self, tasks_per_batch: int) -> int:
         """Full task batches every rank can produce: the same count on all ranks."""
         return min(self._tasks_per_rank) // tasks_per_batch

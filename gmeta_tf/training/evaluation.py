@@ -26,8 +26,18 @@ PredictFn = Callable[[Mapping], tf.Tensor]
 
 
 def eval_batches(config: PipelineConfig, equal_steps: bool) -> tf.data.Dataset:
-    """Task batches of the evaluation split, every support and query row of each task."""
-    return meta_io.read_tasks(config.data.path, config.eval.tasks_per_batch, None, None,
+    """Task batches of the evaluation split, every support and query row of each task.
+
+    With ``equal_steps`` (every rank runs the same number of batches) a split too small
+    for one batch of ``eval.tasks_per_batch`` tasks on every rank is read in batches of
+    as many tasks as the rank with the fewest has, so a small split is still scored.
+    """
+    per_batch = config.eval.tasks_per_batch
+    if equal_steps:
+        fewest = meta_io.TaskDataset(config.data.path, config.eval.split,
+                                     reader=config.data.reader, verify="size").fewest_tasks_per_rank
+        per_batch = max(1, min(per_batch, fewest))
+    return meta_io.read_tasks(config.data.path, per_batch, None, None,
                               split=config.eval.split, reader=config.data.reader,
                               equal_steps=equal_steps, verify="size")
 

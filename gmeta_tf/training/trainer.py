@@ -345,8 +345,9 @@ class Trainer:
                                                      if k != "rows"))
             tensorboard.write(step, {f"eval/{k}": v for k, v in metrics.items()})
         else:
-            log.warning("step %d eval: the %s split gives no batch of %d tasks per rank",
-                        step, self.config.eval.split, self.config.eval.tasks_per_batch)
+            log.warning("step %d eval: the %s split has no task on some rank (its files are "
+                        "shared out over ranks whole); nothing scored", step,
+                        self.config.eval.split)
         return metrics
 
     def _table_rows(self, models: Models) -> dict[str, int]:
