@@ -87,8 +87,13 @@ class TaskBatcher:
     def pending_tasks(self) -> int:
         return sum(len(w[TASK_COLUMN]) for w in self._window)
 
-    def add_block(self, cols: Chunk, path: str) -> None:
-        """Validates a block of whole tasks and adds its tasks to the window."""
+    def add_block(self, cols: Chunk, path: str, rng: np.random.Generator | None = None) -> None:
+        """Validates a block of whole tasks and adds its tasks to the window.
+
+        A task with more rows of a role than its slots keeps the first ones in file order,
+        or, given ``rng`` (a shuffled epoch), a random subset drawn anew each epoch, so
+        over the epochs training sees all of a large task's rows.
+        """
         tasks = cols[TASK_COLUMN].astype(np.int64)
         if len(tasks) == 0:
             return
@@ -100,7 +105,8 @@ class TaskBatcher:
             return
         slot = np.cumsum(keep) - 1  # position of each kept task in this block's output
         entry: dict[str, np.ndarray] = {TASK_COLUMN: tasks[starts][keep]}
-        role_rank = _rank_within(group * 2 + is_query)
+        role_rank = _rank_within(group * 2 + is_query,
+                                 rng.random(len(tasks)) if rng is not None else None)
         values = {f.name: feature_array(cols, f) for f in self.features}
         for role, flag in zip(ROLES, (False, True)):
             rows = np.flatnonzero((is_query == flag) & keep[group])
@@ -184,9 +190,11 @@ class TaskBatcher:
         return out
 
 
-def _rank_within(key: np.ndarray) -> np.ndarray:
-    """0, 1, 2... within each run of equal keys, keys taken in stable sorted order."""
-    order = np.argsort(key, kind="stable")
+def _rank_within(key: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndarray:
+    """0, 1, 2... within each run of equal keys, in the order of ``tiebreak`` within a run
+    (default: the rows' order)."""
+    order = (np.argsort(key, kind="stable") if tiebreak is None
+             else np.lexsort((tiebreak, key)))
     sorted_key = key[order]
     starts = np.concatenate([[0], np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1])
     run = np.repeat(starts, np.diff(np.append(starts, len(key))))
@@ -225,7 +233,9 @@ class RowBatcher:
         self.skipped: collections.Counter = collections.Counter()
         self._window: list[dict[str, np.ndarray]] = []
 
-    def add_block(self, cols: Chunk, path: str) -> None:
+    def add_block(self, cols: Chunk, path: str, rng: np.random.Generator | None = None) -> None:
+        """Validates a block's rows and adds them to the window (``rng`` is not needed
+        here: rows are shuffled when batched)."""
         keep = np.ones(len(cols[TASK_COLUMN]), bool)
         labels = [f for f in self.features if f.kind == FeatureKind.LABEL]
         for name, bad in bad_label_rows(cols, labels).items():

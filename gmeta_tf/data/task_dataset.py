@@ -156,7 +156,7 @@ class TaskDataset:
             emitted, in_window = 0, 0
             blocks = self._block_order(epoch, shuffle_seed)
             for i, (block, cols) in enumerate(self._loaded_blocks(blocks)):
-                batcher.add_block(cols, block.path)
+                batcher.add_block(cols, block.path, rng)
                 in_window += 1
                 last = i == len(blocks) - 1
                 if in_window >= window_blocks or last:
@@ -191,8 +191,9 @@ class TaskDataset:
 
         Args:
             tasks_per_batch: T.
-            support: Support slots S (padded with a mask, extra rows cut); None pads to the
-                batch's longest support set.
+            support: Support slots S (padded with a mask; of a task with more rows, the
+                first S are kept, or with ``shuffle_seed`` S drawn anew each epoch); None
+                pads to the batch's longest support set.
             query: Query slots Q; None pads to the batch's longest query set.
             shuffle_seed: Shuffle blocks and tasks per epoch with this seed; None keeps file order.
             epochs: Passes over the data; None repeats forever.

@@ -110,3 +110,40 @@ def test_tfio_orc_crash_is_contained_in_a_child_process(tmp_path, raw_csv):
         assert len(got) == NUM_TASKS
     # this process is still alive and reading
     assert sum(1 for _ in data.read_tasks(str(tmp_path / "orc"), 8, split=None)) > 0
+
+
+def test_shuffled_epochs_draw_a_fresh_random_subset_of_a_large_tasks_rows(parquet_dataset):
+    """Support rows beyond the slots: the first ones in file order without a shuffle seed;
+    with one, a random subset per epoch (a seen row is a real row of the task)."""
+    def support_rows(shuffle_seed, epochs):
+        seen = collections.defaultdict(list)
+        ds = data.read_tasks(str(parquet_dataset), 4, support=3, query=5, split=None,
+                             shuffle_seed=shuffle_seed, epochs=epochs)
+        for batch in ds:
+            items, mask = batch["support"]["item_id"].numpy(), batch["support"]["mask"].numpy()
+            for t, task in enumerate(batch["task_id"].numpy()):
+                seen[int(task)].append(frozenset(items[t][mask[t] > 0].tolist()))
+        return seen
+
+    everything = support_rows(None, 1)
+    full = all_support_items(parquet_dataset)
+    fixed = support_rows(None, 3)
+    assert all(len(set(v)) == 1 for v in fixed.values())  # same rows every epoch
+    assert all(v[0] == everything[t][0] for t, v in fixed.items())
+    drawn = support_rows(7, 6)
+    large = [t for t in drawn if len(full[t]) > 6]
+    assert large, "the fixture should have tasks with many support rows"
+    for t in large:
+        assert all(len(s) <= 3 and s <= full[t] for s in drawn[t])
+        assert len(set().union(*drawn[t])) > 3  # more than one fixed subset was seen
+    assert support_rows(7, 6) == drawn  # seeded
+
+
+def all_support_items(dataset) -> dict[int, set]:
+    """Task -> the item ids of all its support rows, read without slots."""
+    out = {}
+    for batch in data.read_tasks(str(dataset), 8, split=None):
+        items, mask = batch["support"]["item_id"].numpy(), batch["support"]["mask"].numpy()
+        for t, task in enumerate(batch["task_id"].numpy()):
+            out[int(task)] = set(items[t][mask[t] > 0].tolist())
+    return out
