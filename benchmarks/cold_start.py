@@ -125,7 +125,8 @@ class Setup:
         user_id: The tower reads a user_id embedding (every contender's tower).
         adapt_embeddings: Embedding rows adapted per user (meta and fine-tuning alike).
         learn_inner_lr: Meta-SGD for MAML and first-order MAML ("", "weight": one rate
-            per weight tensor, "element": one per weight element). Not for Reptile: its
+            per weight tensor, "element": one per weight element; "weight_per_step",
+            "element_per_step": one of those for each inner step, as MAML++). Not for Reptile: its
             dense update does not differentiate the query loss, so learned rates follow
             another objective (in validation they fell to ~0.004 at outer rate 0.003, so
             Reptile stopped adapting, and diverged to NaN at 0.01).
@@ -137,6 +138,13 @@ class Setup:
             baseline trains on all of them anyway). Scored users keep their split.
         extra_query: The meta models' warm training users also move up to this many
             random support rows (at most half) to the query set, each epoch.
+        pretrain_epochs: The meta models' first epochs (of ``epochs``) train their
+            embedding and tower jointly on all rows, as the baseline does (Adam at
+            ``baseline_lr``); the remaining epochs meta-train from there.
+        tasks_per_batch: Training users per batch, T (every contender).
+        support_slots: Support rows of a training user per epoch (a random subset when it
+            has more; 0: all of them). Scored users adapt on all their support rows.
+        hidden: The tower's hidden layer widths (every contender).
     """
 
     epochs: int = 20
@@ -154,6 +162,10 @@ class Setup:
     sparse_lr: float = 0.05
     resample_query: bool = True
     extra_query: int = 0
+    pretrain_epochs: int = 0
+    tasks_per_batch: int = TASKS
+    support_slots: int = SUPPORT_SLOTS
+    hidden: tuple[int, ...] = HIDDEN
 
     @property
     def user_features(self) -> tuple[str, ...]:
@@ -188,7 +200,8 @@ def make_embedding(setup: Setup, seed: int) -> ShardedHashEmbedding:
 
 
 def make_tower(setup: Setup, seed: int) -> MeLUTower:
-    return MeLUTower(ITEM_FEATURES, setup.user_features, DIM, HIDDEN, seed=seed)
+    return MeLUTower(ITEM_FEATURES, setup.user_features, DIM, tuple(int(u) for u in setup.hidden),
+                     seed=seed)
 
 
 def held_out(task_id: tf.Tensor, seed: int) -> tf.Tensor:
@@ -206,9 +219,9 @@ def select_tasks(batch: dict, keep: tf.Tensor) -> dict:
 
 
 def tasks_of(path: str, split: str, seed: int, validate: bool, train: bool, support,
-             shuffle_seed) -> tf.data.Dataset:
+             shuffle_seed, tasks: int = TASKS) -> tf.data.Dataset:
     """Task batches of a split; under ``validate``, the warm users are divided again."""
-    ds = data.read_tasks(path, TASKS, support, QUERY, split=split, shuffle_seed=shuffle_seed)
+    ds = data.read_tasks(path, tasks, support, QUERY, split=split, shuffle_seed=shuffle_seed)
     if not validate:
         return ds
     ds = ds.map(lambda b: select_tasks(b, held_out(b["task_id"], seed) != train))
@@ -259,8 +272,9 @@ def moved_to_query(batch: dict, extra: int, seed: tf.Tensor) -> dict:
 
 
 def training_batches(path: str, seed: int, epoch: int, validate: bool,
-                     resample: bool = False, extra_query: int = 0) -> tf.data.Dataset:
-    ds = tasks_of(path, "warm", seed, validate, True, SUPPORT_SLOTS, seed * 1000 + epoch)
+                     resample: bool = False, extra_query: int = 0,
+                     tasks: int = TASKS, support: int = SUPPORT_SLOTS) -> tf.data.Dataset:
+    ds = tasks_of(path, "warm", seed, validate, True, support or None, seed * 1000 + epoch, tasks)
     if resample:
         ds = ds.enumerate().map(lambda i, b: resampled_query(
             b, tf.stack([tf.constant(seed * 1000 + epoch, tf.int64), i])))
@@ -279,20 +293,39 @@ def scored_batches(path: str, seed: int, validate: bool) -> tf.data.Dataset:
 def meta_config(setup: Setup, algorithm: str) -> MetaConfig:
     return MetaConfig(algorithm, inner_steps=setup.inner_steps, inner_lr=setup.inner_lr,
                       learn_inner_lr=bool(setup.learn_inner_lr) and algorithm != "reptile",
-                      inner_lr_per_element=setup.learn_inner_lr == "element",
+                      inner_lr_per_element=setup.learn_inner_lr.startswith("element"),
+                      inner_lr_per_step=setup.learn_inner_lr.endswith("per_step"),
                       fast_weights=setup.fast_weights, adapt_embeddings=setup.adapt_embeddings)
 
 
 def train_meta(path: str, algorithm: str, setup: Setup, seed: int, validate: bool) -> MetaModel:
     tf.keras.utils.set_random_seed(seed)
-    model = MetaModel(make_embedding(setup, seed), make_tower(setup, seed),
-                      RatingHead("rating", setup.mean_rating), meta_config(setup, algorithm))
+    embedding, tower = make_embedding(setup, seed), make_tower(setup, seed)
+    head = RatingHead("rating", setup.mean_rating)
+    if setup.pretrain_epochs:
+        joint = CTRModel(embedding, tower, head)
+        fit_jointly(joint, path, setup, seed, validate, setup.pretrain_epochs)
+    model = MetaModel(embedding, tower, head, meta_config(setup, algorithm))
     outer_lr = setup.reptile_lr if algorithm == "reptile" else setup.outer_lr
     model.compile(optimizer=tf.keras.optimizers.Adam(outer_lr))
     step = tf.function(model.train_step, reduce_retracing=True)
-    for epoch in range(setup.epochs):
+    for epoch in range(setup.pretrain_epochs, setup.epochs):
         for batch in training_batches(path, seed, epoch, validate, setup.resample_query,
-                                      setup.extra_query):
+                                      setup.extra_query, setup.tasks_per_batch,
+                                      setup.support_slots):
+            step(batch)
+    return model
+
+
+def fit_jointly(model: CTRModel, path: str, setup: Setup, seed: int, validate: bool,
+                epochs: int) -> CTRModel:
+    """Trains on all rows (support and query) of the warm training users, Adam."""
+    model.compile(optimizer=tf.keras.optimizers.Adam(setup.baseline_lr))
+    step = tf.function(lambda b: model.train_step(task_rows(b)), reduce_retracing=True)
+    for epoch in range(epochs):
+        for batch in training_batches(path, seed, epoch, validate, setup.resample_query,
+                                      tasks=setup.tasks_per_batch,
+                                      support=setup.support_slots):
             step(batch)
     return model
 
@@ -301,12 +334,7 @@ def train_baseline(path: str, setup: Setup, seed: int, validate: bool) -> CTRMod
     tf.keras.utils.set_random_seed(seed)
     model = CTRModel(make_embedding(setup, seed), make_tower(setup, seed),
                      RatingHead("rating", setup.mean_rating))
-    model.compile(optimizer=tf.keras.optimizers.Adam(setup.baseline_lr))
-    step = tf.function(lambda b: model.train_step(task_rows(b)), reduce_retracing=True)
-    for epoch in range(setup.epochs):
-        for batch in training_batches(path, seed, epoch, validate, setup.resample_query):
-            step(batch)
-    return model
+    return fit_jointly(model, path, setup, seed, validate, setup.epochs)
 
 
 def scored(path: str, seed: int, validate: bool, predict, head) -> dict:
