@@ -9,7 +9,7 @@ fused optimizer updates go through a cache of ``capacity`` hot rows (C++, ``ops/
 - **admission** (exact LFU, decided in every lookup, no periodic re-fill needed): the host
   table counts each id's occurrences and the cache counts its own ids', so every id's
   frequency is known exactly. After a lookup, an id that missed the cache enters it when
-  its accumulated frequency is at least ``min_count`` and a slot is free, or when it is
+  its accumulated frequency is at least ``min_count`` and either a slot is free or it is
   strictly more frequent than the least frequent cached id, which it replaces. The
   entering row, slots and counters are read from the host table, where the lookup just
   left them. So the cache tracks the ids most frequent so far, including ids first seen
@@ -28,8 +28,8 @@ an id admitted by that lookup scores its count minus one (its first occurrence m
 On ``benchmarks/hybrid.py``'s Zipf(1.1) batches (6 steps of 65536 x 26 ids, 2 owners),
 with the cache holding 1% / 5% of the ids the run sees, the hit rate is 0.5468 / 0.5942:
 0.996 / 0.952 of an oracle holding the run's most frequent 1% / 5% of ids from the start
-(min_count 1; no rebalance). A cache that cannot know the future misses at least each
-hot id's first occurrence: at 5% that bounds the ratio at 0.970.
+(min_count 1, never rebalanced; min_count 2: 0.996 / 0.950). Missing just the first
+occurrence of each of the oracle's ids would give 0.993 / 0.970 of it.
 
 Example::
 
@@ -61,8 +61,9 @@ class MixCacheConfig:
     Args:
         capacity: Rows the cache holds, >= 1.
         min_count: Occurrences (accumulated over every lookup) an id needs before it may
-            enter a cache with a free slot, >= 1. A full cache admits an id only when it is
-            more frequent than the least frequent cached id, whatever ``min_count``.
+            enter the cache, >= 1. A full cache also needs it to be more frequent than its
+            least frequent id, so ``min_count`` matters most while the cache fills: 1
+            leaves no slot idle.
         rebalance_every: Every this many training steps, :class:`HybridTrainer` (and the
             training loop) calls ``rebalance``: the cache then holds exactly the shard's
             most frequent ids. Lookups already admit by exact frequency, so 0 (never) is

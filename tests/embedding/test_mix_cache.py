@@ -184,7 +184,8 @@ def test_admission_follows_exact_frequencies_like_the_reference(capacity, min_co
         rows = [t.lookup_or_insert(ids, step=step, counts=counts).numpy() for t in (plain, cached)]
         np.testing.assert_array_equal(rows[1], rows[0], err_msg=f"step {step}")
         ref.lookup(ids, counts, step)
-        np.testing.assert_array_equal(cached.cached_ids(), sorted(ref.cached), err_msg=f"step {step}")
+        np.testing.assert_array_equal(cached.cached_ids(), sorted(ref.cached),
+                                      err_msg=f"step {step}")
         s = cached.cache_stats()
         assert (s["hits"], s["lookups"], s["admitted"], s["evicted"]) == (
             ref.hits, ref.lookups, ref.admitted, ref.evicted), f"step {step}"
