@@ -144,6 +144,8 @@ class Setup:
         tasks_per_batch: Training users per batch, T (every contender).
         support_slots: Support rows of a training user per epoch (a random subset when it
             has more; 0: all of them). Scored users adapt on all their support rows.
+        multi_step_loss: MAML++'s annealed multi-step loss over this many outer steps
+            (MAML and first-order MAML).
         hidden: The tower's hidden layer widths (every contender).
     """
 
@@ -165,6 +167,7 @@ class Setup:
     pretrain_epochs: int = 0
     tasks_per_batch: int = TASKS
     support_slots: int = SUPPORT_SLOTS
+    multi_step_loss: int = 0
     hidden: tuple[int, ...] = HIDDEN
 
     @property
@@ -295,7 +298,8 @@ def meta_config(setup: Setup, algorithm: str) -> MetaConfig:
                       learn_inner_lr=bool(setup.learn_inner_lr) and algorithm != "reptile",
                       inner_lr_per_element=setup.learn_inner_lr.startswith("element"),
                       inner_lr_per_step=setup.learn_inner_lr.endswith("per_step"),
-                      fast_weights=setup.fast_weights, adapt_embeddings=setup.adapt_embeddings)
+                      fast_weights=setup.fast_weights, adapt_embeddings=setup.adapt_embeddings,
+                      multi_step_loss=setup.multi_step_loss if algorithm != "reptile" else 0)
 
 
 def train_meta(path: str, algorithm: str, setup: Setup, seed: int, validate: bool) -> MetaModel:

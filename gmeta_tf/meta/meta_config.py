@@ -34,6 +34,10 @@ class MetaConfig:
         inner_lr_per_step: With ``learn_inner_lr``, a separate learned rate (per tensor or
             per element) for each of the k inner steps (MAML++'s per-step rates, Antoniou
             et al. 2019); adapting for more than k steps reuses the last step's rates.
+        multi_step_loss: MAML++'s multi-step loss: for the first this many outer steps the
+            outer loss is a weighted sum of the query losses after each inner step, the
+            weights moving linearly from equal (1/k each) to the last step's alone; after
+            that, the plain query loss after step k. 0: off. MAML and first-order MAML.
     """
 
     algorithm: str = "maml"
@@ -44,6 +48,7 @@ class MetaConfig:
     adapt_embeddings: tuple[str, ...] = ()
     inner_lr_per_element: bool = False
     inner_lr_per_step: bool = False
+    multi_step_loss: int = 0
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -52,6 +57,13 @@ class MetaConfig:
         if not isinstance(self.inner_steps, int) or isinstance(self.inner_steps, bool) \
                 or self.inner_steps < 1:
             raise ValueError(f"MetaConfig.inner_steps={self.inner_steps!r}, expected an int >= 1")
+        if not isinstance(self.multi_step_loss, int) or isinstance(self.multi_step_loss, bool) \
+                or self.multi_step_loss < 0:
+            raise ValueError(f"MetaConfig.multi_step_loss={self.multi_step_loss!r}, expected an "
+                             f"int >= 0 (outer steps of annealing; 0: off)")
+        if self.multi_step_loss and self.algorithm == "reptile":
+            raise ValueError("MetaConfig.multi_step_loss is for maml and fomaml: Reptile's "
+                             "dense update does not differentiate the query loss")
         if not self.inner_lr > 0:
             raise ValueError(f"MetaConfig.inner_lr={self.inner_lr!r}, expected a number > 0")
         object.__setattr__(self, "fast_weights", tuple(self.fast_weights))

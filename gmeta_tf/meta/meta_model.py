@@ -110,11 +110,28 @@ class MetaModel(tf.keras.Model):
                                                  batch, training, self.config.adapt_embeddings)
         params = self.tower.params()
         fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
+        trajectory = [] if training and self.config.multi_step_loss else None
         adapted, support_loss = self.adapter.adapt(params, fast, support,
                                                    self.inner_learning_rates(),
-                                                   self.config.first_order, self.rates_per_step)
-        query_loss = tf.reduce_mean(self.adapter.task_losses(params, adapted, query))
+                                                   self.config.first_order, self.rates_per_step,
+                                                   trajectory)
+        if trajectory is None:
+            query_loss = tf.reduce_mean(self.adapter.task_losses(params, adapted, query))
+        else:
+            losses = tf.stack([tf.reduce_mean(self.adapter.task_losses(params, f, query))
+                               for f in trajectory])
+            query_loss = tf.reduce_sum(self.multi_step_weights() * losses)
         return query_loss, support_loss, params, adapted
+
+    def multi_step_weights(self) -> tf.Tensor:
+        """``[k]`` weights of the query losses after each inner step (``multi_step_loss``):
+        equal at outer step 0, all on the last step from outer step ``multi_step_loss``."""
+        k = self.config.inner_steps
+        annealed = self.config.multi_step_loss or 1
+        done = 0.0 if self.optimizer is None else tf.cast(self.optimizer.iterations, tf.float32)
+        progress = tf.minimum(done / float(annealed), 1.0)
+        last = tf.one_hot(k - 1, k)
+        return (1.0 - progress) * tf.fill([k], 1.0 / k) + progress * last
 
     def meta_gradients(self, batch: TaskBatch) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor]]:
         """Runs one meta step's forward and backward; applies the embedding update.

@@ -92,13 +92,15 @@ class TaskAdapter:
 
     def adapt(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
               support: RoleBatch, learning_rates: Mapping[str, tf.Tensor],
-              first_order: bool, rates_per_step: bool = False) -> tuple[dict, tf.Tensor]:
+              first_order: bool, rates_per_step: bool = False,
+              trajectory: list | None = None) -> tuple[dict, tf.Tensor]:
         """k SGD steps of every task's fast weights on its support loss.
 
         Under an enclosing ``GradientTape`` the inner gradients are recorded, so the outer
         gradient is the full second-order one, unless ``first_order`` makes them constants.
         With ``rates_per_step`` every rate has a leading step axis and step ``i`` uses its
         row ``i`` (MAML++'s per-step rates); steps beyond that axis reuse its last row.
+        A ``trajectory`` list receives the fast weights after every step.
 
         Returns:
             ``(adapted fast weights, mean support loss before adaptation)``.
@@ -123,6 +125,8 @@ class TaskAdapter:
                 if rates_per_step:
                     rate = rate[min(step, rate.shape[0] - 1)]
                 fast[n] = fast[n] - rate * g
+            if trajectory is not None:
+                trajectory.append(dict(fast))
         return fast, initial_loss
 
 

@@ -113,6 +113,29 @@ def test_per_step_rates_shape_and_adapting_past_k_reuses_the_last_step():
     assert np.abs(three - two).max() > 1e-6  # the third step moved at step 1's rates
 
 
+def test_multi_step_loss_anneals_from_every_step_to_the_last():
+    """MAML++'s multi-step loss: at outer step 0 the mean of the query losses after steps 1
+    and 2 (each equal to a 1- and a 2-step model's loss), after the annealing the last's."""
+    batch = tiny.tasks(3, seed=4)
+
+    def query_loss(steps, multi_step_loss=0, iterations=0):
+        model = tiny.model(MetaConfig("maml", inner_steps=steps, inner_lr=0.2,
+                                      multi_step_loss=multi_step_loss))
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1))
+        model.optimizer.iterations.assign(iterations)
+        return float(model.meta_loss(batch)[0])
+
+    one, two = query_loss(1), query_loss(2)
+    assert abs(one - two) > 1e-4
+    np.testing.assert_allclose(query_loss(2, 4, 0), (one + two) / 2, rtol=1e-5)
+    np.testing.assert_allclose(query_loss(2, 4, 2), 0.25 * one + 0.75 * two, rtol=1e-5)
+    np.testing.assert_allclose(query_loss(2, 4, 9), two, rtol=1e-5)
+    with pytest.raises(ValueError, match="multi_step_loss"):
+        MetaConfig("reptile", multi_step_loss=10)
+    with pytest.raises(ValueError, match="multi_step_loss=-1"):
+        MetaConfig("maml", multi_step_loss=-1)
+
+
 def test_fine_tuning_adapts_the_task_embedding_rows():
     model = tiny.model(MetaConfig())
     baseline = CTRModel(model.embedding, model.tower, model.head)
