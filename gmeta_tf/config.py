@@ -92,9 +92,12 @@ class DataConfig:
 class CacheSection:
     """A MixCache of hot rows in front of each rank's shard of a table
     (``gmeta_tf.embedding.MixCacheConfig``, which defines the fields): ``capacity`` rows per
-    shard; ``min_count``, the occurrences an id needs before it may enter; every
-    ``rebalance_every`` training steps the cache is re-filled with the shard's most frequent
-    ids (0: never). A cache changes speed only, never the trained rows."""
+    shard; ``min_count``, the occurrences (counted over the run by the host table) an id
+    needs before it may enter, after which it enters at lookup time when a slot is free or
+    it is more frequent than the least frequent cached id; every ``rebalance_every``
+    training steps the cache is also re-filled with the shard's most frequent ids in one
+    pass (0: never, lookups keep it filled). A cache changes speed only, never the trained
+    rows."""
 
     capacity: int = dataclasses.field(metadata={"min": 1, "max": (1 << 31) - 1})
     min_count: int = dataclasses.field(default=2, metadata={"min": 1})
