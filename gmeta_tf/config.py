@@ -151,8 +151,10 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MetaSection:
-    """The meta-learning loops (``gmeta_tf.meta.MetaConfig``); ``enabled: false`` trains a
-    plain CTR model on the same rows instead."""
+    """The meta-learning loops (``gmeta_tf.meta.MetaConfig``, which defines the fields);
+    ``enabled: false`` trains a plain CTR model on the same rows instead. MAML++:
+    ``inner_lr_per_step`` (with ``learn_inner_lr``) and ``multi_step_loss`` (outer steps of
+    annealing)."""
 
     enabled: bool = True
     algorithm: Literal["maml", "fomaml", "reptile"] = "maml"
@@ -161,6 +163,9 @@ class MetaSection:
     learn_inner_lr: bool = False
     fast_weights: tuple[str, ...] = ()
     adapt_embeddings: tuple[str, ...] = ()
+    inner_lr_per_element: bool = False
+    inner_lr_per_step: bool = False
+    multi_step_loss: int = dataclasses.field(default=0, metadata={"min": 0})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,6 +483,10 @@ def check_consistency(config: PipelineConfig) -> None:
         if f not in tower_sparse:
             raise _fail("meta.adapt_embeddings", list(config.meta.adapt_embeddings),
                         f"sparse features of the tower ({list(tower_sparse)})")
+    if config.meta.multi_step_loss and config.meta.algorithm == "reptile":
+        raise _fail("meta.multi_step_loss", config.meta.multi_step_loss,
+                    "0 with meta.algorithm 'reptile' (its dense update does not differentiate "
+                    "the query loss; the multi-step loss is for maml and fomaml)")
     if config.train.hybrid is not None and config.meta.enabled:
         raise _fail("train.hybrid", _plain(dataclasses.asdict(config.train.hybrid)),
                     "no hybrid section while meta.enabled is true: hybrid training supports "

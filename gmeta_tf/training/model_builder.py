@@ -112,7 +112,8 @@ def make_head(model: ModelConfig) -> Head:
 def meta_config(config: PipelineConfig) -> MetaConfig:
     m = config.meta
     return MetaConfig(m.algorithm, m.inner_steps, m.inner_lr, m.learn_inner_lr,
-                      m.fast_weights, m.adapt_embeddings)
+                      m.fast_weights, m.adapt_embeddings, m.inner_lr_per_element,
+                      m.inner_lr_per_step, m.multi_step_loss)
 
 
 def keras_optimizer(config: PipelineConfig) -> tf.keras.optimizers.Optimizer:

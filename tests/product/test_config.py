@@ -49,11 +49,24 @@ def test_overrides_change_typed_values(tmp_path):
                                                "is not allowed: expected features embedded by "
                                                "a table"),
     ("train=5", "config key 'train' = 5 is not allowed: expected a mapping"),
+    ("meta.multi_step_loss=-1", "'meta.multi_step_loss' = -1 is not allowed: expected an "
+                                "integer >= 0"),
 ])
 def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:
         load_config("default", [override])
     assert message in str(err.value)
+
+
+def test_maml_plus_plus_options_reach_the_meta_config():
+    from gmeta_tf.training.model_builder import meta_config
+    config = load_config("default", ["meta.inner_lr_per_step=true", "meta.multi_step_loss=50",
+                                     "meta.learn_inner_lr=true"])
+    meta = meta_config(config)
+    assert meta.inner_lr_per_step and meta.multi_step_loss == 50 and meta.learn_inner_lr
+    with pytest.raises(ConfigError, match="'meta.multi_step_loss' = 50 is not allowed: "
+                                          "expected 0 with meta.algorithm 'reptile'"):
+        load_config("default", ["meta.multi_step_loss=50", "meta.algorithm=reptile"])
 
 
 def test_a_feature_in_two_tables_is_rejected():
