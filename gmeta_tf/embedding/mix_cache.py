@@ -158,7 +158,12 @@ class MixCachedHashTable(HashTable):
             tf.cast(step, tf.int64), optimizer=opt.name)
 
     def size(self) -> tf.Tensor:
+        """Ids the table knows (admitted or still being counted), cached ones included."""
         return _library().gmeta_cached_table_size(self.handle)[0]
+
+    def num_rows(self) -> tf.Tensor:
+        """Ids admitted to a trainable row, cached ones included."""
+        return _library().gmeta_cached_table_size(self.handle)[1]
 
     def evict(self, step, max_age: int = -1, max_size: int = -1) -> tf.Tensor:
         return _library().gmeta_cached_table_evict(

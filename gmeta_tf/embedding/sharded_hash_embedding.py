@@ -392,7 +392,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
 
     def table_sizes(self) -> dict[str, int]:
         """Rows (admitted ids) held by this rank's shard of each table."""
-        return {name: int(_num_rows(shard)) for name, shard in self.shards.items()}
+        return {name: int(shard.num_rows()) for name, shard in self.shards.items()}
 
     def table_ids(self) -> dict[str, int]:
         """Ids (admitted or still being counted) known to this rank's shard of each table."""
@@ -428,15 +428,6 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
             caches={name: dict(c.__dict__) for name, c in self.cache_configs.items()},
         )
         return config
-
-
-def _num_rows(shard: HashTable) -> tf.Tensor:
-    """Admitted rows of a shard. MixCachedHashTable inherits ``HashTable.num_rows``, whose
-    op reads a plain table's resource and refuses a cached one: ask the cached table's own
-    size op (its second output counts the admitted ids, cached ones included)."""
-    if isinstance(shard, MixCachedHashTable) and "num_rows" not in vars(MixCachedHashTable):
-        return ops.library().gmeta_cached_table_size(shard.handle)[1]
-    return shard.num_rows()
 
 
 def _gradient_alltoall(tensor: tf.Tensor, splits: tf.Tensor) -> tf.Tensor:
