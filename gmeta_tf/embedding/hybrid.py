@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from gmeta_tf import distributed
+from gmeta_tf import distributed, ops
 from gmeta_tf.embedding.sharded_hash_embedding import PulledRows, ShardedHashEmbedding
 
 LossFn = Callable[[Mapping[str, tf.Tensor], Any], tf.Tensor]
@@ -135,7 +135,7 @@ class HybridTrainer:
         unique_rows = list(unique_rows)
         with tf.GradientTape() as tape:
             tape.watch(unique_rows)
-            rows = [tf.gather(u, i) for u, i in zip(unique_rows, inverse)]
+            rows = [ops.gather_rows(u, i) for u, i in zip(unique_rows, inverse)]
             loss = self.loss_fn(assemble(rows), batch)
         n = len(self.dense_variables)
         grads = tape.gradient(loss, self.dense_variables + unique_rows)
