@@ -35,7 +35,21 @@ of 2 cores shared with other work, load ~3, so +-20%):
     5%      0.5942    0.6242  0.9519               0.9697
     (min_count 2 instead of 1: 0.9962 / 0.9504)
 
-    samples/s  hybrid_s0 168k-184k, s0_cache1 158k-164k, s0_cache5 162k-165k, s4_cache1 146k-171k
+Throughput, nothing else running (load from the benchmark itself, ~3), medians:
+
+    horovodrun -np 2 -H localhost:2 python -m benchmarks.hybrid --only zipf --repeats 5
+    samples/s  sync 239k, hybrid_s0 253k, s1 248k, s2 259k, s4 259k,
+               s0_cache1 227k, s0_cache5 227k, s4_cache1 244k
+    hybrid / sync  s0 1.06, s1 1.04, s2 1.09, s4 1.08 (a 3-repeat run: 1.07, 1.06, 1.05, 1.08)
+    hybrid s / hybrid s0  s1 0.98, s2 1.03, s4 1.03
+
+Hybrid is faster than the synchronous step, but mostly through its split-phase step
+(pull, dense, push as three graphs); the overlap itself adds ~3% at s >= 2, since both
+ranks already keep both cores busy and there is little idle time for the pulls to fill (on
+GPUs and a network, the all-to-alls' latency is what it hides). Before the dense step used
+the op library's parallel gather (with tf.gather's IndexedSlices gradient) every hybrid
+contender was 0.89-0.92x sync in the same conditions. On CPU a cache costs ~10% (every
+unique id probes the cache index first); it pays on a GPU, where hits skip host memory.
 
 Before lookups admitted by exact frequency (only ids new to the table entered on first
 sight; the 5% cache re-filled from a full export of the shard every step): 0.9795 /
