@@ -29,6 +29,15 @@ inline ::tensorflow::Status CheckVector(const ::tensorflow::Tensor& t, const cha
   return ::tensorflow::OkStatus();
 }
 
+// The table behind a handle must have the dim the op was built for.
+inline ::tensorflow::Status CheckDim(const HashTable& table, int64_t dim) {
+  if (table.config().dim != dim) {
+    return ::tensorflow::errors::InvalidArgument("the table has dim ", table.config().dim,
+                                                 " but the op was built for dim ", dim);
+  }
+  return ::tensorflow::OkStatus();
+}
+
 inline ::tensorflow::Status CheckScalar(const ::tensorflow::Tensor& t, const char* name) {
   if (!::tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
     return ::tensorflow::errors::InvalidArgument(name, " must be a scalar, got shape ",

@@ -118,9 +118,7 @@ class CachedLookupOrInsertOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     Ref res;
     OP_REQUIRES_OK(ctx, Get(ctx, &res));
-    OP_REQUIRES(ctx, res->table().config().dim == dim_,
-                InvalidArgument("the table has dim ", res->table().config().dim,
-                                " but the op was built for dim ", dim_));
+    OP_REQUIRES_OK(ctx, CheckDim(res->table(), dim_));
     const Tensor& ids = ctx->input(1);
     const Tensor& counts = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
@@ -167,9 +165,7 @@ class CachedLookupOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     Ref res;
     OP_REQUIRES_OK(ctx, Get(ctx, &res));
-    OP_REQUIRES(ctx, res->table().config().dim == dim_,
-                InvalidArgument("the table has dim ", res->table().config().dim,
-                                " but the op was built for dim ", dim_));
+    OP_REQUIRES_OK(ctx, CheckDim(res->table(), dim_));
     const Tensor& ids = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
     const int64_t n = ids.dim_size(0);

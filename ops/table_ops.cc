@@ -43,14 +43,6 @@ Status GetTable(OpKernelContext* ctx, ::tensorflow::core::RefCountPtr<TableResou
   return ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), out);
 }
 
-Status CheckDim(const HashTable& table, int64_t dim) {
-  if (table.config().dim != dim) {
-    return InvalidArgument("the table has dim ", table.config().dim,
-                           " but the op was built for dim ", dim);
-  }
-  return ::tensorflow::OkStatus();
-}
-
 // Shape function helper: input `index` must be a vector; returns its length.
 Status VectorLength(InferenceContext* c, int index, DimensionHandle* n) {
   ShapeHandle s;

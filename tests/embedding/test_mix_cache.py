@@ -258,3 +258,16 @@ def test_rebalance_refuses_a_plain_table_handle():
     lib = ops.library()
     with pytest.raises(tf.errors.OpError, match=r"[Tt]ype"):
         lib.gmeta_cached_table_rebalance(plain.handle)
+
+
+def test_cached_ops_refuse_a_dim_the_table_does_not_have():
+    table = MixCachedHashTable(2, MixCacheConfig(capacity=8))
+    lib = ops.library()
+    ids = tf.constant([1, 2], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="the table has dim 2 but the op was built for dim 3"):
+        lib.gmeta_cached_table_lookup(table.handle, ids, dim=3)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="the table has dim 2 but the op was built for dim 3"):
+        lib.gmeta_cached_table_lookup_or_insert(table.handle, ids, tf.zeros([0], tf.int64),
+                                                tf.constant(1, tf.int64), dim=3)
