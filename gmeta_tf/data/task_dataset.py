@@ -109,7 +109,7 @@ class TaskDataset:
 
     def steps_per_epoch(self, tasks_per_batch: int) -> int:
         """Full task batches every rank can produce: the same count on all ranks."""
-        return min(self._tasks_per_rank) // tasks_per_batch
+        return self.fewest_tasks_per_rank // tasks_per_batch
 
     # -- reading -------------------------------------------------------------------------
 

@@ -54,13 +54,9 @@ class MetaConfig:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"MetaConfig.algorithm={self.algorithm!r}, expected one of "
                              f"{ALGORITHMS}")
-        if not isinstance(self.inner_steps, int) or isinstance(self.inner_steps, bool) \
-                or self.inner_steps < 1:
-            raise ValueError(f"MetaConfig.inner_steps={self.inner_steps!r}, expected an int >= 1")
-        if not isinstance(self.multi_step_loss, int) or isinstance(self.multi_step_loss, bool) \
-                or self.multi_step_loss < 0:
-            raise ValueError(f"MetaConfig.multi_step_loss={self.multi_step_loss!r}, expected an "
-                             f"int >= 0 (outer steps of annealing; 0: off)")
+        _require_int("inner_steps", self.inner_steps, 1)
+        _require_int("multi_step_loss", self.multi_step_loss, 0,
+                     " (outer steps of annealing; 0: off)")
         if self.multi_step_loss and self.algorithm == "reptile":
             raise ValueError("MetaConfig.multi_step_loss is for maml and fomaml: Reptile's "
                              "dense update does not differentiate the query loss")
@@ -73,3 +69,9 @@ class MetaConfig:
     def first_order(self) -> bool:
         """True when the outer gradient treats the inner gradients as constants."""
         return self.algorithm != "maml"
+
+
+def _require_int(name: str, value, low: int, note: str = "") -> None:
+    """ValueError naming the field and value unless it is an int (not a bool) >= low."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"MetaConfig.{name}={value!r}, expected an int >= {low}{note}")

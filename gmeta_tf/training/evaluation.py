@@ -32,14 +32,12 @@ def eval_batches(config: PipelineConfig, equal_steps: bool) -> tf.data.Dataset:
     for one batch of ``eval.tasks_per_batch`` tasks on every rank is read in batches of
     as many tasks as the rank with the fewest has, so a small split is still scored.
     """
+    dataset = meta_io.TaskDataset(config.data.path, config.eval.split,
+                                  reader=config.data.reader, verify="size")
     per_batch = config.eval.tasks_per_batch
     if equal_steps:
-        fewest = meta_io.TaskDataset(config.data.path, config.eval.split,
-                                     reader=config.data.reader, verify="size").fewest_tasks_per_rank
-        per_batch = max(1, min(per_batch, fewest))
-    return meta_io.read_tasks(config.data.path, per_batch, None, None,
-                              split=config.eval.split, reader=config.data.reader,
-                              equal_steps=equal_steps, verify="size")
+        per_batch = max(1, min(per_batch, dataset.fewest_tasks_per_rank))
+    return dataset.tasks(per_batch, None, None, equal_steps=equal_steps)
 
 
 def adapted_predict(model: tf.keras.Model, steps: int | None,
