@@ -222,14 +222,11 @@ class HybridTrainer:
             ready.put(err)
 
     def _rebalance_caches(self) -> None:
-        """Re-fills each MixCache whose ``rebalance_every`` divides the updates applied
-        (local work on this rank's shards, between two exchanges: no collective)."""
-        for name, shard in self.embedding.shards.items():
-            every = getattr(getattr(shard, "cache", None), "rebalance_every", 0)
-            if every and self._applied_total % every == 0:
-                start = time.perf_counter()
-                shard.rebalance()
-                self._rebalance_time += time.perf_counter() - start
+        """Re-fills the MixCaches due after this many applied updates (between two
+        exchanges: local work, no collective)."""
+        start = time.perf_counter()
+        if self.embedding.rebalance_caches(self._applied_total):
+            self._rebalance_time += time.perf_counter() - start
 
     # ---- metrics ------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:

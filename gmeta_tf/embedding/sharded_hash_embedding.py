@@ -385,6 +385,18 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         return list(rows_with_fused_update(self.update_trigger))
 
     # ---- state --------------------------------------------------------------------------
+    def rebalance_caches(self, step: int) -> int:
+        """Re-fills each MixCache whose ``rebalance_every`` divides ``step`` with its shard's
+        most frequent ids (local work on this rank's shards: no collective). Returns how
+        many caches were re-filled."""
+        refilled = 0
+        for shard in self.shards.values():
+            every = shard.cache.rebalance_every if isinstance(shard, MixCachedHashTable) else 0
+            if every and step % every == 0:
+                shard.rebalance()
+                refilled += 1
+        return refilled
+
     def cache_stats(self) -> dict[str, dict[str, float]]:
         """This rank's MixCache counters per cached table (see MixCachedHashTable)."""
         return {name: shard.cache_stats() for name, shard in self.shards.items()

@@ -43,7 +43,6 @@ import tensorflow as tf
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config
-from gmeta_tf.embedding import MixCachedHashTable
 from gmeta_tf.embedding.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.models.embedding_inputs import embedding_inputs
@@ -412,15 +411,11 @@ _CACHE_COUNTERS = ("hits", "lookups", "size", "capacity", "admitted", "evicted")
 
 
 def _rebalance_caches(models: Models, step: int) -> None:
-    """Re-fills each MixCache whose ``rebalance_every`` divides ``step`` (local work on this
-    rank's shards; the synchronous step's counterpart of HybridTrainer's re-fill)."""
-    layers = [models.model.embedding] + ([models.baseline.embedding] if models.baseline else [])
-    for layer in layers:
-        for shard in layer.shards.values():
-            if isinstance(shard, MixCachedHashTable):
-                every = shard.cache.rebalance_every
-                if every and step % every == 0:
-                    shard.rebalance()
+    """The synchronous step's cache re-fills (HybridTrainer does its own), for the model
+    and the baseline trained beside it."""
+    for model in (models.model, models.baseline):
+        if model is not None:
+            model.embedding.rebalance_caches(step)
 
 
 def _real_rows(batch: dict) -> int:

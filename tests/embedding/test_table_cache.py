@@ -62,3 +62,12 @@ def test_caches_argument_still_works_and_both_for_one_table_is_refused():
     with pytest.raises(TypeError, match="TableConfig 'a': cache must be a MixCacheConfig or "
                                         "None, got 100"):
         TableConfig("a", 3, cache=100)
+
+
+def test_rebalance_caches_refills_the_caches_that_are_due():
+    layer = _layer(MixCacheConfig(capacity=4, min_count=1, rebalance_every=3))
+    _train(layer)
+    assert layer.rebalance_caches(step=2) == 0
+    assert layer.rebalance_caches(step=6) == 1  # table "a" only: "b" has no cache
+    assert len(layer.shards["a"].cached_ids()) == 4
+    assert _layer(name="plain").rebalance_caches(step=3) == 0
