@@ -1,7 +1,8 @@
 """Hybrid training (PERSIA) and MixCache (ScaleFreeCTR), side by side with synchronous training.
 
     horovodrun -np 2 -H localhost:2 python -m benchmarks.hybrid [--quick] [--repeats R]
-        [--only {zipf,cache,criteo}] [--epochs E] [--orders N] [--s0-orders K]
+        [--only {zipf,cache,criteo}] [--epochs E] [--replicates N] [--fixed-init]
+        [--s0-replicates K]
 
 --only zipf runs part 1 alone, --only criteo part 2 alone, --only cache the cache figures
 alone (part 1 with hybrid_s0, hybrid_s4 and their cached contenders only).
@@ -58,57 +59,70 @@ sight; the 5% cache re-filled from a full export of the shard every step): 0.979
 Part 2, quality on ../shared/data/criteo (issue #7: dev AUC of hybrid s=4 within 0.002 of
 synchronous): a DLRM tower (gmeta_tf.models.DLRMTower, 26 categorical features in one
 sharded table of dim 8, 13 log-transformed integers) trained for --epochs epochs (default
-8) by sync and by hybrid s=4 from the same initial state on the same batches (global batch
-256, 28 steps an epoch), for --orders batch orders (default 16; seeds 3, 4, ...), paired:
-each order trained both ways. Reported: the mean dev AUC of both; the mean paired
-difference hybrid - sync with its standard error over the orders (sd / sqrt(orders),
-`dev_auc_diff_stderr`), a 95% t interval and each order's pair; as the noise the pairing
-removes, the sd and range of sync's AUC over the orders. Dev has only 409 rows, a sample
-itself: bootstrap standard errors of the mean difference resampling its rows (paired;
-orders fixed, then orders resampled too) say how much of the figure is this dev set's
-draw, which more orders cannot remove. An extra view, not the issue's figure: the same
-comparison on dev + test pooled (800 labelled rows, neither trained on), `devtest_*`.
-Sanity: the first --s0-orders orders (default 1) also train hybrid s=0, which must be sync
-exactly: `dev_auc_s0_minus_sync`, `score_max_abs_diff_s0_vs_sync`.
+8) by sync and by hybrid s=4 (global batch 256, 28 steps an epoch), for --replicates
+training runs (default 32). Replicate r starts from initial state r (the tower's weights
+and the table's new rows are seeded by r) and trains on batch order 3 + r; within a
+replicate both contenders start from the same state and see the same batches: paired.
+Reported: the mean dev AUC of both; the mean paired difference hybrid - sync with its
+standard error over the replicates (sd / sqrt(replicates), `dev_auc_diff_stderr`), a 95% t
+interval and each replicate's pair; as the noise the pairing removes, the sd and range of
+sync's AUC over the replicates. Dev has only 409 rows, a sample itself: bootstrap standard
+errors of the mean difference resampling its rows (paired; runs fixed, then runs
+resampled too) say how much of the figure is this dev set's draw, which more replicates
+cannot remove. An extra view, not the issue's figure: the same comparison on dev + test
+pooled (800 labelled rows, neither trained on), `devtest_*`. Sanity: the first
+--s0-replicates replicates (default 1) also train hybrid s=0, which must be sync exactly:
+`dev_auc_s0_minus_sync`, `score_max_abs_diff_s0_vs_sync`. --fixed-init starts every
+replicate from initial state 0 (only the batch order varies), the design of the first
+figures below.
 
 Why 8 epochs: sync's dev AUC, mean over orders 3-8 after each epoch 1-12, is 0.6326
 0.6694 0.6778 0.6766 0.6787 0.6830 0.6862 0.6871 0.6864 0.6862 0.6792 0.6750: still
-rising at 4 (the budget of the first figures), highest at 8, then overfitting.
+rising at 4, highest at 8, then overfitting.
 
-Figures (2 ranks; deterministic: a re-run gives the same AUCs; wall time on 2 cores
-shared with other work, load ~3-4):
+Figures (2 ranks; deterministic: a re-run gives the same AUCs; wall time on 2 cores):
 
-    horovodrun -np 2 -H localhost:2 python -m benchmarks.hybrid --only criteo   (3.5-6 min)
-    8 epochs, 16 orders   dev AUC sync 0.6873, hybrid s=4 0.6850 (staleness mean 3.96)
-      paired diff hybrid - sync  -0.00236, stderr over orders 0.00037, 95% [-0.0031, -0.0016]
-      per order  -0.0002 -0.0042 -0.0003 -0.0043 -0.0023 -0.0042 -0.0041 -0.0015
-                 -0.0043 -0.0005 -0.0017 -0.0026 -0.0027 -0.0022 -0.0013 -0.0016
-      sync over orders: sd 0.0027, range 0.0103 (the noise floor the pairing removes)
-      bootstrap stderr of the diff: dev rows 0.0015, orders and rows 0.0016
-      dev+test (800 rows): 0.7077 vs 0.7059, diff -0.00188, stderr 0.00037 (orders),
-                 0.0013 (orders and rows)
+    horovodrun -np 2 -H localhost:2 python -m benchmarks.hybrid --only criteo   (6.6 min)
+    8 epochs, 32 replicates   dev AUC sync 0.6890, hybrid s=4 0.6886 (staleness mean 3.96)
+      paired diff hybrid - sync  -0.00039, stderr 0.00055, 95% [-0.0015, +0.0007]
+      per replicate  -0.0002 -0.0029 +0.0047 -0.0058 -0.0016 -0.0010 +0.0010 +0.0009
+                     +0.0036 -0.0031 -0.0001 +0.0016 -0.0030 +0.0031 -0.0026 +0.0019
+                     +0.0010 +0.0005 -0.0058 -0.0054 -0.0016 +0.0026 +0.0035 -0.0006
+                     +0.0024 -0.0079 +0.0023 -0.0012 -0.0004 +0.0026 +0.0019 -0.0029
+      sync over replicates: sd 0.0088, range 0.0389 (the noise the pairing removes)
+      bootstrap stderr of the diff: dev rows 0.0014, runs and rows 0.0016
+      dev+test (800 rows): 0.7060 vs 0.7055, diff -0.00054, stderr 0.00036 (runs),
+                 0.0012 (runs and rows)
       hybrid s=0 - sync: 0 (every score identical)
 
-    ... --only criteo --epochs 4   (4 min)
-    4 epochs, 16 orders   dev AUC sync 0.6769, hybrid s=4 0.6794
-      paired diff +0.00250, stderr over orders 0.00021, 95% [+0.0021, +0.0029]
-      per order  +0.0021 +0.0027 +0.0027 +0.0035 +0.0017 +0.0034 +0.0021 +0.0027
-                 +0.0029 +0.0033 +0.0022 +0.0035 +0.0017 +0.0011 +0.0034 +0.0010
-      sync over orders: sd 0.0010, range 0.0036
-      bootstrap stderr of the diff: dev rows 0.0023, orders and rows 0.0023
-      dev+test (800 rows): 0.6929 vs 0.6917, diff -0.00120, stderr 0.00018 / 0.0018
+    ... --only criteo --fixed-init --replicates 16   (the first design: initial state 0)
+    8 epochs, 16 orders   dev AUC sync 0.6873, hybrid s=4 0.6850
+      paired diff -0.00236, stderr 0.00037, 95% [-0.0031, -0.0016]
+      dev+test (800 rows): diff -0.00188, stderr 0.00037
+    ... --fixed-init --replicates 16 --epochs 4
+      paired diff +0.00250, stderr 0.00021, 95% [+0.0021, +0.0029]; dev+test -0.00120
 
-So at convergence hybrid s=4 is 0.0024 below sync on dev: the criterion (|diff| <= 0.002)
-is missed by 0.0004, about one standard error over the orders (the 95% interval reaches
--0.0016). That hybrid is below sync on this dev set is resolved (6 stderrs); over the draw
-of dev's rows (stderr 0.0016) it is not, and no number of orders changes that. The +0.0025
-of the first figures (4 epochs, 3 orders) was not batch-order noise (stderr 0.0002): most
-likely this dev set's draw, since on dev+test the same runs put hybrid 0.0012 below sync
-and the bootstrap stderr over dev's rows is 0.0023. The cost grows with s (orders 3-8,
-8 epochs, dev, a one-off run outside this script: s=1 -0.0006, s=2 -0.0013, s=4 -0.0026)
-and s=0 is sync bit for bit, so it is staleness, not a difference in set-up. On this
-7,200-row sample s=4 is a seventh of an epoch of missing updates, far more than on a
-full-size data set.
+Why the initial state varies: with one initial state the paired difference is that
+state's, and the state is as arbitrary as the batch order. Over six initial states x
+batch orders 3-6 (a one-off run outside this script) the mean dev difference per state
+was -0.0022 -0.0003 +0.0017 -0.0017 -0.0003 -0.0014: state 0, the one the first design
+fixed, was the least favourable of the six, and the sd over states (0.0014) dwarfs the
+stderr over orders within one (0.0004). Changes that do not touch staleness at all move
+this dev set as much: training the 1,024 most frequent ids as a dense variable under the
+same Adagrad, at s=0, read +0.0068 against sync on dev over 4 orders (and -0.0014 on
+test). So a difference of 0.002 on dev is only resolved by averaging over whole training
+runs; the stderr above is that average's.
+
+What staleness costs, and what did not reduce it: s=0 is sync bit for bit, and with one
+initial state the cost grew with s (orders 3-8: s=1 -0.0006, s=2 -0.0013, s=4 -0.0026),
+so s=4 does cost a little; over runs it is -0.0004 +- 0.0006 on dev and -0.0005 +- 0.0004
+on dev+test. Delay compensation of the stale row gradients (DC-ASGD: the owner adds
+lambda * g * g * (w_now - w_pulled)) was tried on 1,200 rows held out of train, orders 3-6,
+initial state 0: hybrid s=4 - sync was -0.0015 without it, -0.0022 / -0.0025 / -0.0037
+with lambda 100 / 1000 / 10000, and -0.0018 / -0.0019 / -0.0022 with the Gauss-Newton
+diagonal from labels sampled from the model (B * g~^2; lambda 0.5 / 1 / 2): no better, so
+it is not in the trainer. On this 7,200-row sample s=4 is a seventh of an epoch of missing
+updates, far more than on a full-size data set.
 
 The last stdout line (rank 0) is one JSON object with every figure.
 """
@@ -157,9 +171,12 @@ CACHE_CONTENDERS = ("hybrid_s0", "hybrid_s4", "hybrid_s0_cache1", "hybrid_s0_cac
 ORACLE_TARGET = 0.95
 # Part 2: batch orders are seeds 3, 4, ... (3-5 were the orders of the first figures).
 CRITEO_FIRST_SEED = 3
-CRITEO_ORDERS = 16  # --orders: paired difference's stderr 0.0004 (per-order sd 0.0015)
+# --replicates: each one a fresh initial state (seed r: tower weights and table rows) and
+# batch order (seed 3 + r), trained both ways. The per-replicate difference has sd ~0.003,
+# so 32 give a standard error ~0.0005.
+CRITEO_REPLICATES = 32
 CRITEO_EPOCHS = 8   # --epochs: where sync's mean dev AUC peaks (still rising at 4)
-CRITEO_S0_ORDERS = 1  # orders that also train hybrid s=0 (the sanity figure)
+CRITEO_S0_REPLICATES = 1  # replicates that also train hybrid s=0 (the sanity figure)
 
 
 def log(msg: str) -> None:
@@ -380,8 +397,8 @@ def t_quantile_975(df: int) -> float:
 
 
 def paired(a: list[float], b: list[float]) -> dict:
-    """Mean of b - a over the orders, its standard error (sample sd / sqrt(n)) and a 95%
-    Student-t interval."""
+    """Mean of b - a over the replicates, its standard error (sample sd / sqrt(n)) and a
+    95% Student-t interval."""
     diffs = np.subtract(b, a)
     n = diffs.size
     stderr = float(diffs.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
@@ -391,24 +408,25 @@ def paired(a: list[float], b: list[float]) -> dict:
 
 
 def bootstrap_stderr(labels: np.ndarray, a: list[np.ndarray], b: list[np.ndarray],
-                     resample_orders: bool, replicates: int = 1000) -> float:
-    """Bootstrap standard error of the mean over orders of AUC(b) - AUC(a), resampling the
-    scored rows (the same rows for every order and both contenders: paired) and, if
-    resample_orders, the orders too."""
+                     resample_runs: bool, replicates: int = 1000) -> float:
+    """Bootstrap standard error of the mean over training runs of AUC(b) - AUC(a),
+    resampling the scored rows (the same rows for every run and both contenders: paired)
+    and, if resample_runs, the runs too."""
     from gmeta_tf.meta.metrics import auc
 
     rng = np.random.default_rng(0)
-    n, orders = labels.size, len(a)
+    n, runs = labels.size, len(a)
     means = []
     for _ in range(replicates):
         rows = rng.integers(0, n, n)
-        picked = rng.integers(0, orders, orders) if resample_orders else range(orders)
+        picked = rng.integers(0, runs, runs) if resample_runs else range(runs)
         means.append(np.mean([auc(labels[rows], b[o][rows]) - auc(labels[rows], a[o][rows])
                               for o in picked]))
     return float(np.std(means, ddof=1))
 
 
-def run_criteo(epochs: int, global_batch: int, orders: int, s0_orders: int) -> dict:
+def run_criteo(epochs: int, global_batch: int, replicates: int, s0_replicates: int,
+               fixed_init: bool = False) -> dict:
     from gmeta_tf.meta.metrics import auc
     from gmeta_tf.models import BinaryHead, DLRMTower
 
@@ -421,24 +439,26 @@ def run_criteo(epochs: int, global_batch: int, orders: int, s0_orders: int) -> d
     evals = {"dev": dev, "test": test}
     eval_tensors = {k: {c: tf.constant(v) for c, v in d.items()} for k, d in evals.items()}
     devtest_labels = np.concatenate([dev["label"], test["label"]])
-    seeds = [CRITEO_FIRST_SEED + i for i in range(orders)]
+    # Replicate r: initial state r (0 for all with fixed_init) and batch order 3 + r.
+    runs = [(0 if fixed_init else r, CRITEO_FIRST_SEED + r) for r in range(replicates)]
     names = ("sync", "hybrid_s4")
     aucs: dict[str, dict[str, list[float]]] = {k: {n: [] for n in names}
                                                for k in ("dev", "devtest")}
     devtest_scores: dict[str, list[np.ndarray]] = {n: [] for n in names}
     s0: dict[str, list[float]] = {"dev_auc_diff": [], "score_max_abs_diff": []}
     result: dict = {}
-    # Paired runs: each batch order (seed) trained both ways from the same initial state
-    # (tables start empty, new rows are a function of (seed, id); the tower's initial
-    # weights are seeded, then broadcast from rank 0).
-    for i, seed in enumerate(seeds):
+    # Paired runs: each replicate trained both ways from the same initial state (tables
+    # start empty, new rows are a function of (init, id); the tower's initial weights are
+    # seeded by init, then broadcast from rank 0) on the same batches.
+    for i, (init, seed) in enumerate(runs):
         batches = criteo_batches(train, global_batch, epochs, seed=seed)
         scores: dict[str, dict[str, np.ndarray]] = {}
-        for name in names + (("hybrid_s0",) if i < s0_orders else ()):
-            tf.keras.utils.set_random_seed(0)
-            emb = ShardedHashEmbedding([TableConfig("cat", 8, optimizer=Adagrad(0.05))],
+        for name in names + (("hybrid_s0",) if i < s0_replicates else ()):
+            tf.keras.utils.set_random_seed(init)
+            emb = ShardedHashEmbedding([TableConfig("cat", 8, optimizer=Adagrad(0.05),
+                                                    seed=init)],
                                        [FeatureConfig(c, "cat") for c in cats],
-                                       name=f"criteo_{name}_{seed}")
+                                       name=f"criteo_{name}_{init}_{seed}")
             emb.build(None)
             tower = DLRMTower(cats, 8, {"dense": 13}, bottom_units=(32,), top_units=(64, 32))
             tower.build(None)
@@ -475,8 +495,8 @@ def run_criteo(epochs: int, global_batch: int, orders: int, s0_orders: int) -> d
                                       - aucs["dev"]["sync"][-1])
             s0["score_max_abs_diff"].append(max(
                 float(np.max(np.abs(scores["hybrid_s0"][k] - scores["sync"][k]))) for k in evals))
-        log(f"[criteo] order {seed} ({i + 1}/{orders}): dev AUC sync {aucs['dev']['sync'][-1]:.4f}"
-            f" hybrid_s4 {aucs['dev']['hybrid_s4'][-1]:.4f} (diff "
+        log(f"[criteo] init {init} order {seed} ({i + 1}/{replicates}): dev AUC sync "
+            f"{aucs['dev']['sync'][-1]:.4f} hybrid_s4 {aucs['dev']['hybrid_s4'][-1]:.4f} (diff "
             f"{aucs['dev']['hybrid_s4'][-1] - aucs['dev']['sync'][-1]:+.4f}); dev+test diff "
             f"{aucs['devtest']['hybrid_s4'][-1] - aucs['devtest']['sync'][-1]:+.4f}"
             + (f"; s0 - sync {s0['dev_auc_diff'][-1]:+.6f}" if "hybrid_s0" in scores else "")
@@ -484,10 +504,10 @@ def run_criteo(epochs: int, global_batch: int, orders: int, s0_orders: int) -> d
     dev_diff = paired(aucs["dev"]["sync"], aucs["dev"]["hybrid_s4"])
     devtest_diff = paired(aucs["devtest"]["sync"], aucs["devtest"]["hybrid_s4"])
     sync_dev = np.asarray(aucs["dev"]["sync"])
-    # dev_auc_diff_stderr above is the spread over batch orders on this one dev set. The
+    # dev_auc_diff_stderr above is the spread over training runs on this one dev set. The
     # rows scored are a sample too: bootstrap standard errors resampling them (paired),
-    # with the orders fixed, then with the orders resampled as well. Chief only (cheap,
-    # but the ranks would all compute the same).
+    # with the runs fixed, then with the runs resampled as well. Chief only (cheap, but
+    # the ranks would all compute the same).
     boot = {}
     if distributed.is_chief():
         n_dev = dev["label"].size
@@ -495,40 +515,43 @@ def run_criteo(epochs: int, global_batch: int, orders: int, s0_orders: int) -> d
         boot = {
             "dev_auc_diff_stderr_dev_rows": bootstrap_stderr(
                 dev["label"], dev_scores["sync"], dev_scores["hybrid_s4"], False),
-            "dev_auc_diff_stderr_orders_and_rows": bootstrap_stderr(
+            "dev_auc_diff_stderr_runs_and_rows": bootstrap_stderr(
                 dev["label"], dev_scores["sync"], dev_scores["hybrid_s4"], True),
-            "devtest_auc_diff_stderr_orders_and_rows": bootstrap_stderr(
+            "devtest_auc_diff_stderr_runs_and_rows": bootstrap_stderr(
                 devtest_labels, devtest_scores["sync"], devtest_scores["hybrid_s4"], True),
         }
     result.update({
         "dev_auc_sync": round(float(sync_dev.mean()), 4),
         "dev_auc_hybrid_s4": round(float(np.mean(aucs["dev"]["hybrid_s4"])), 4),
         "dev_auc_diff_hybrid_s4_minus_sync": round(dev_diff["mean"], 5),
-        # Standard error of the mean paired difference over the orders, and its 95% interval.
+        # Standard error of the mean paired difference over the replicates, and its 95%
+        # interval.
         "dev_auc_diff_stderr": round(dev_diff["stderr"], 5),
         "dev_auc_diff_ci95": [round(x, 5) for x in dev_diff["ci95"]],
         **{k: round(v, 5) for k, v in boot.items() if k.startswith("dev_")},
-        "criteo_orders": seeds,
-        "dev_auc_per_order": {k: [round(x, 4) for x in v] for k, v in aucs["dev"].items()},
-        "dev_auc_diff_per_order": [round(float(d), 4) for d in dev_diff["diffs"]],
-        # How much the batch order alone moves sync's AUC (sd and range over the orders);
+        # [initial state, batch order] of each replicate.
+        "criteo_replicates": [list(r) for r in runs],
+        "criteo_fixed_init": fixed_init,
+        "dev_auc_per_replicate": {k: [round(x, 4) for x in v] for k, v in aucs["dev"].items()},
+        "dev_auc_diff_per_replicate": [round(float(d), 4) for d in dev_diff["diffs"]],
+        # How much the run alone moves sync's AUC (sd and range over the replicates);
         # pairing removes most of it from the difference (compare dev_auc_diff_stderr).
-        "dev_auc_sync_sd_over_orders": round(float(sync_dev.std(ddof=1)), 4)
+        "dev_auc_sync_sd_over_replicates": round(float(sync_dev.std(ddof=1)), 4)
         if sync_dev.size > 1 else None,
-        "dev_auc_sync_spread_over_orders": round(float(np.ptp(sync_dev)), 4),
+        "dev_auc_sync_spread_over_replicates": round(float(np.ptp(sync_dev)), 4),
         # Sanity: s=0 hybrid is synchronous training (the same scores to float tolerance).
         "dev_auc_s0_minus_sync": (round(float(np.mean(s0["dev_auc_diff"])), 6)
                                   if s0["dev_auc_diff"] else None),
         "score_max_abs_diff_s0_vs_sync": (float(max(s0["score_max_abs_diff"]))
                                           if s0["score_max_abs_diff"] else None),
-        "s0_orders": min(s0_orders, orders),
+        "s0_replicates": min(s0_replicates, replicates),
         # The same comparison on dev + test pooled (800 labelled rows; not the issue's figure).
         "devtest_auc_sync": round(float(np.mean(aucs["devtest"]["sync"])), 4),
         "devtest_auc_hybrid_s4": round(float(np.mean(aucs["devtest"]["hybrid_s4"])), 4),
         "devtest_auc_diff_hybrid_s4_minus_sync": round(devtest_diff["mean"], 5),
         "devtest_auc_diff_stderr": round(devtest_diff["stderr"], 5),
         **{k: round(v, 5) for k, v in boot.items() if k.startswith("devtest_")},
-        "devtest_auc_diff_per_order": [round(float(d), 4) for d in devtest_diff["diffs"]],
+        "devtest_auc_diff_per_replicate": [round(float(d), 4) for d in devtest_diff["diffs"]],
         "criteo_dev_rows": int(dev["label"].size),
         "criteo_devtest_rows": int(devtest_labels.size),
         "criteo_epochs": epochs,
@@ -542,15 +565,20 @@ def run_criteo(epochs: int, global_batch: int, orders: int, s0_orders: int) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="batch 8192, 1 repeat; criteo: 2 epochs, 3 orders")
+                        help="batch 8192, 1 repeat; criteo: 2 epochs, 3 replicates")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None,
                         help=f"criteo epochs per run (default {CRITEO_EPOCHS})")
-    parser.add_argument("--orders", type=int, default=None,
-                        help=f"criteo batch orders, each trained sync and hybrid s=4 "
-                             f"(default {CRITEO_ORDERS})")
-    parser.add_argument("--s0-orders", type=int, default=CRITEO_S0_ORDERS,
-                        help="criteo orders that also train hybrid s=0 (sanity: equals sync)")
+    parser.add_argument("--replicates", type=int, default=None,
+                        help=f"criteo replicates (initial state r, batch order 3 + r), each "
+                             f"trained sync and hybrid s=4 "
+                             f"(default {CRITEO_REPLICATES})")
+    parser.add_argument("--fixed-init", action="store_true",
+                        help="criteo: every replicate starts from initial state 0 (only the "
+                             "batch order varies; the design of the first figures)")
+    parser.add_argument("--s0-replicates", type=int, default=CRITEO_S0_REPLICATES,
+                        help="criteo replicates that also train hybrid s=0 (sanity: equals "
+                             "sync)")
     parser.add_argument("--only", choices=("zipf", "cache", "criteo"), default=None,
                         help="run one part: zipf (part 1), cache (part 1's cache contenders "
                              "and their uncached bases), criteo (part 2)")
@@ -559,7 +587,7 @@ def main() -> None:
     spec = BatchSpec(batch_size=8192 if args.quick else 65536, features=FEATURES)
     repeats = args.repeats or (1 if args.quick else 2)
     epochs = args.epochs or (2 if args.quick else CRITEO_EPOCHS)
-    orders = args.orders or (3 if args.quick else CRITEO_ORDERS)
+    replicates = args.replicates or (3 if args.quick else CRITEO_REPLICATES)
     report = {"benchmark": "hybrid", "world_size": distributed.size(), "quick": args.quick,
               "repeats": repeats, "only": args.only}
     if args.only in (None, "zipf", "cache"):
@@ -567,8 +595,9 @@ def main() -> None:
                                CACHE_CONTENDERS if args.only == "cache" else CONTENDERS))
     if args.only in (None, "criteo"):
         if CRITEO.is_dir():
-            report.update(run_criteo(epochs, global_batch=256, orders=orders,
-                                     s0_orders=args.s0_orders))
+            report.update(run_criteo(epochs, global_batch=256, replicates=replicates,
+                                     s0_replicates=args.s0_replicates,
+                                     fixed_init=args.fixed_init))
         else:
             report["criteo"] = f"skipped: {CRITEO} not found"
     report["meets_target"] = {
