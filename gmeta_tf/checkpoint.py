@@ -39,7 +39,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import tensorflow as tf
@@ -177,8 +177,9 @@ def _mark_incomplete(directory: Path) -> None:
         _fsync_dir(directory)
 
 
-def prune(root: str | os.PathLike, keep: int) -> list[Path]:
-    """Deletes all but the newest ``keep`` complete checkpoints (call it on one rank).
+def prune(root: str | os.PathLike, keep: int, protect: Iterable[int] = ()) -> list[Path]:
+    """Deletes all but the newest ``keep`` complete checkpoints (call it on one rank),
+    never the complete checkpoints of the ``protect`` steps (e.g. the best on validation).
 
     Incomplete checkpoints older than the newest complete one (left by a crash during a
     save) go too; a newer incomplete one may be a save in progress and stays. Each victim
@@ -188,6 +189,7 @@ def prune(root: str | os.PathLike, keep: int) -> list[Path]:
     Args:
         root: Directory holding the ``ckpt-<step>`` directories.
         keep: How many complete checkpoints to keep (>= 1).
+        protect: Steps whose complete checkpoints are kept besides those.
 
     Returns:
         The checkpoint directories deleted.
@@ -202,7 +204,8 @@ def prune(root: str | os.PathLike, keep: int) -> list[Path]:
     if not complete:
         return []
     newest = _step_of(complete[-1])
-    victims = complete[:-keep] + [d for d in _checkpoint_dirs(root)
+    kept = set(protect)
+    victims = [d for d in complete[:-keep] if _step_of(d) not in kept] + [d for d in _checkpoint_dirs(root)
                                   if not (d / MANIFEST).is_file() and _step_of(d) < newest]
     for victim in victims:
         doomed = victim.with_name(f"{_DELETING_PREFIX}{victim.name}")

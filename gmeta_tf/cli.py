@@ -48,10 +48,16 @@ def _parser() -> argparse.ArgumentParser:
                        help="hybrid training with embedding lookups up to S batches ahead of "
                             "their updates (same as --set train.hybrid.staleness=S; plain CTR "
                             "models only)")
-    ev = _with_config(sub.add_parser("eval", help="cold-start evaluation against the baseline"))
-    ev.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
+    ev = _with_config(sub.add_parser(
+        "eval", help="score the cold split and eval data: models, baseline, references"))
+    ev.add_argument("--checkpoint", help="checkpoint directory (default: each model's best on "
+                                         "validation, else the latest)")
+    ev.add_argument("--data", action="append", metavar="PATH",
+                    help="score this dataset directory or raw file instead of eval.data "
+                         "(repeatable); each result goes to <run_dir>/eval/<name>.json")
     ex = _with_config(sub.add_parser("export", help="export a SavedModel for serving"))
-    ex.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
+    ex.add_argument("--checkpoint", help="checkpoint directory (default: the model's best on "
+                                         "validation, else the latest)")
     ex.add_argument("--out", help="SavedModel directory (default: export.dir)")
     _with_config(sub.add_parser("config", help="print the checked config as YAML"))
     sub.add_parser("data", help="'prepare' the config's dataset, or any gmeta-data command",
@@ -108,8 +114,13 @@ def _prepare_once(config: PipelineConfig) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from gmeta_tf.training.cold_start import evaluate_pipeline
 
-    result = evaluate_pipeline(_config(args), args.checkpoint)
-    print(result["table"])
+    for result in evaluate_pipeline(_config(args), args.checkpoint, args.data):
+        chosen = result.get("chosen") or {}
+        steps = ", ".join(f"{n} step {c['step']}" for n, c in chosen.items())
+        print(f"{result['name']} ({result['file']}; checkpoints: "
+              f"{steps or result['checkpoint']})")
+        print(result["table"])
+        print()
     return 0
 
 

@@ -59,7 +59,9 @@ class SplitSection:
 
     warm_fraction: float | None = dataclasses.field(default=None, metadata={"min": 0.0,
                                                                              "max": 1.0})
-    query_size: int | None = dataclasses.field(default=None, metadata={"min": 1})
+    valid_fraction: float | None = dataclasses.field(default=None, metadata={"min": 0.0,
+                                                                              "max": 0.9})
+    query_size: int | None = dataclasses.field(default=None, metadata={"min": 0})
     min_rows: int | None = dataclasses.field(default=None, metadata={"min": 2})
     max_rows: int | None = dataclasses.field(default=None, metadata={"min": 2})
     query_selection: Literal["random", "last"] | None = None
@@ -68,6 +70,13 @@ class SplitSection:
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Where the task-partitioned dataset comes from and how it is batched.
+
+    ``task_column`` (``criteo``): the categorical column whose value is the task; null
+    makes every row its own task (row data for a plain CTR model).
+
+    A meta model reads batches of ``tasks_per_batch`` whole tasks with ``support`` and
+    ``query`` slots; a plain CTR model (``meta.enabled: false``) reads batches of
+    ``batch_size`` rows, every row of the split once per epoch.
 
     ``path`` is the dataset directory; when it holds no dataset yet, ``prepare`` makes it
     from ``source``: generated (``synthetic``), converted from ``raw`` (``movielens``,
@@ -81,10 +90,12 @@ class DataConfig:
     synthetic: SyntheticConfig = SyntheticConfig()
     split: SplitSection = SplitSection()
     seed: int = 0
+    task_column: str | None = "C2"
     rows_per_block: int = dataclasses.field(default=4096, metadata={"min": 1})
     tasks_per_batch: int = dataclasses.field(default=32, metadata={"min": 1})
     support: int | None = dataclasses.field(default=20, metadata={"min": 1})
     query: int | None = dataclasses.field(default=5, metadata={"min": 1})
+    batch_size: int = dataclasses.field(default=256, metadata={"min": 1})
     reader: Literal["auto", "arrow", "tfio_iotensor", "tfio_dataset"] = "auto"
 
 
@@ -178,18 +189,38 @@ class HybridSection:
     staleness: int = dataclasses.field(default=0, metadata={"min": 0})
 
 
+SELECT_METRICS = ("auto", "auc", "ndcg", "logloss", "mae")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """The training loop; ``hybrid`` (absent: the plain synchronous step) trains the plain
-    CTR model (``meta.enabled: false``) with bounded-stale embeddings."""
+    CTR model (``meta.enabled: false``) with bounded-stale embeddings.
+
+    Validation: every ``eval_every`` steps (and at the last step) the models are scored
+    on the ``validation_split`` (held-out warm tasks, adapted on their support rows and
+    scored on their query rows as cold tasks are; a plain CTR model: every row of it) by
+    ``select_metric`` ("auto": AUC of the binary label; nDCG is nDCG@``eval.ndcg_k``).
+    Each model's best step so far is checkpointed and kept; ``gmeta eval`` and ``gmeta
+    export`` restore it. With ``patience`` > 0 training stops once no model has improved
+    for that many evaluations. ``resplit`` draws training tasks' support and query rows
+    anew each epoch. ``baseline_learning_rate`` (default ``learning_rate``) is the
+    baseline's own rate.
+    """
 
     steps: int = dataclasses.field(default=1000, metadata={"min": 1})
     optimizer: Literal["adam", "adagrad", "sgd"] = "adam"
     learning_rate: float = dataclasses.field(default=0.003, metadata={"min_exclusive": 0.0})
+    baseline_learning_rate: float | None = dataclasses.field(default=None,
+                                                             metadata={"min_exclusive": 0.0})
     shuffle_seed: int = 0
     log_every: int = dataclasses.field(default=50, metadata={"min": 1})
     eval_every: int = dataclasses.field(default=0, metadata={"min": 0})
-    eval_batches: int = dataclasses.field(default=4, metadata={"min": 1})
+    eval_batches: int | None = dataclasses.field(default=None, metadata={"min": 1})
+    validation_split: str = "valid"
+    select_metric: Literal["auto", "auc", "ndcg", "logloss", "mae"] = "auto"
+    patience: int = dataclasses.field(default=0, metadata={"min": 0})
+    resplit: bool = True
     checkpoint_every: int = dataclasses.field(default=0, metadata={"min": 0})
     keep_checkpoints: int = dataclasses.field(default=3, metadata={"min": 1})
     baseline: bool = True
@@ -198,16 +229,28 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Cold-start evaluation (``gmeta eval``)."""
+    """Evaluation (``gmeta eval``): the ``split`` (cold tasks; null: none) and each of
+    ``data`` (datasets, or raw files of ``data.source``'s format, e.g. a dev and a test
+    file) are scored by it only, each into its own ``<run_dir>/eval/<name>.json``.
 
-    split: str = "cold"
+    The baseline is fine-tuned on each task's support rows through the meta model's own
+    inner-loop code, on the same fast weights and adapted embedding rows, for
+    ``baseline_steps`` SGD steps (default: the meta model's k) at ``baseline_lr``.
+    Reference predictors (``gmeta_tf.training.references``) are scored on the same rows;
+    ``reference_feature`` is the feature whose mean label they use (default: MeLU's first
+    item feature, else the tower's first sparse feature not adapted per task).
+    """
+
+    split: str | None = "cold"
+    data: tuple[str, ...] = ()
     tasks_per_batch: int = dataclasses.field(default=64, metadata={"min": 1})
     adapt_steps: int | None = dataclasses.field(default=None, metadata={"min": 0})
-    baseline_steps: int = dataclasses.field(default=3, metadata={"min": 0})
+    baseline_steps: int | None = dataclasses.field(default=None, metadata={"min": 0})
     baseline_lr: float = dataclasses.field(default=0.1, metadata={"min_exclusive": 0.0})
     ndcg_k: int = dataclasses.field(default=3, metadata={"min": 1})
     binary_label: str | None = None
     relevance_label: str | None = None
+    reference_feature: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -491,6 +534,10 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("train.hybrid", _plain(dataclasses.asdict(config.train.hybrid)),
                     "no hybrid section while meta.enabled is true: hybrid training supports "
                     "the plain CTR model only (set meta.enabled: false, or remove train.hybrid)")
+    if config.train.validation_split == config.eval.split:
+        raise _fail("train.validation_split", config.train.validation_split,
+                    f"a split other than eval.split ('{config.eval.split}'): the evaluation "
+                    f"split is scored by gmeta eval only, never used to choose anything")
     if config.data.source in ("movielens", "criteo") and not config.data.raw:
         raise _fail("data.raw", config.data.raw,
                     f"the raw input path for data.source '{config.data.source}'")
@@ -522,8 +569,10 @@ def _absolute_paths(config: PipelineConfig, root: Path) -> PipelineConfig:
     data = dataclasses.replace(config.data, path=_absolute(config.data.path, root),
                                raw=_absolute(config.data.raw, root))
     export = dataclasses.replace(config.export, dir=_absolute(config.export.dir, root))
+    evaluation = dataclasses.replace(config.eval, data=tuple(_absolute(p, root)
+                                                            for p in config.eval.data))
     return dataclasses.replace(config, run_dir=_absolute(config.run_dir, root), data=data,
-                               export=export)
+                               export=export, eval=evaluation)
 
 
 def _plain(value: Any) -> Any:

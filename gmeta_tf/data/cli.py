@@ -36,6 +36,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0, help="split seed")
     p.add_argument("--warm-fraction", type=float, help="fraction of warm tasks")
+    p.add_argument("--valid-fraction", type=float,
+                   help="fraction of the warm tasks held out as the 'valid' split (validation: "
+                        "early stopping, checkpoint choice, tuning; default 0.1)")
     p.add_argument("--query-size", type=int, help="query rows per task")
     p.add_argument("--min-rows", type=int, help="drop tasks with fewer rows")
     p.add_argument("--max-rows", type=int, help="drop tasks with more rows")
@@ -79,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _split(args: argparse.Namespace, defaults: SplitConfig) -> SplitConfig:
-    fields = ("warm_fraction", "query_size", "min_rows", "max_rows", "query_selection")
+    fields = ("warm_fraction", "valid_fraction", "query_size", "min_rows", "max_rows", "query_selection")
     given = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     return dataclasses.replace(defaults, seed=args.seed, **given)
 

@@ -1,7 +1,9 @@
 """The cold-start split (../DESIGN.md, "Cold-start evaluation protocol"), seeded and streaming.
 
-Tasks are split into warm (``warm_fraction``) and cold; every kept task is split into a
-support set and a query set of ``query_size`` rows, chosen at random or as the task's last
+Tasks are split into warm (``warm_fraction``) and cold, and a seeded ``valid_fraction`` of
+the warm tasks is held out as the validation split ("valid": what training evaluates,
+stops early and chooses checkpoints on; the cold split is only scored by ``gmeta eval``);
+every kept task is split into a support set and a query set of ``query_size`` rows, chosen at random or as the task's last
 rows by time; tasks with fewer than ``min_rows`` (or more than ``max_rows``) rows are
 dropped and counted. Every decision is a pure function of ``(seed, task id, row rank in the
 task)`` computed with a counter-based hash, so the split does not depend on how the input
@@ -30,7 +32,10 @@ class SplitConfig:
     Args:
         seed: Seed of every random choice.
         warm_fraction: Fraction of tasks that are warm (trained on); the rest are cold.
-        query_size: Query rows per task; the task's other rows are its support set.
+        valid_fraction: Fraction of the warm tasks held out as the "valid" split (chosen by
+            a seeded hash of the task id, independent of the warm/cold draw); 0: none.
+        query_size: Query rows per task; the task's other rows are its support set (0:
+            no query rows, for row data that plain CTR models read whole).
         min_rows: Tasks with fewer rows are dropped (MeLU: 13).
         max_rows: Tasks with more rows are dropped (MeLU: 100); None keeps them all.
         query_selection: "random" rows, or the "last" rows by the order column (time).
@@ -38,6 +43,7 @@ class SplitConfig:
 
     seed: int = 0
     warm_fraction: float = 0.8
+    valid_fraction: float = 0.1
     query_size: int = 10
     min_rows: int = 13
     max_rows: int | None = None
@@ -47,10 +53,13 @@ class SplitConfig:
         if not 0.0 <= self.warm_fraction <= 1.0:
             raise DataError("warm_fraction out of range", value=self.warm_fraction,
                             expected="0 <= warm_fraction <= 1")
-        if self.query_size < 1 or self.min_rows < self.query_size + 1:
+        if not 0.0 <= self.valid_fraction < 1.0:
+            raise DataError("valid_fraction out of range", value=self.valid_fraction,
+                            expected="0 <= valid_fraction < 1")
+        if self.query_size < 0 or self.min_rows < self.query_size + 1:
             raise DataError("min_rows must leave at least one support row",
                             value=(self.min_rows, self.query_size),
-                            expected="query_size >= 1 and min_rows >= query_size + 1")
+                            expected="query_size >= 0 and min_rows >= query_size + 1")
         if self.query_selection not in QUERY_SELECTIONS:
             raise DataError("unknown query_selection", value=self.query_selection,
                             expected=f"one of {QUERY_SELECTIONS}")
@@ -71,10 +80,24 @@ def _seeded(values: np.ndarray, seed: int, stream: int) -> np.ndarray:
     return mix64(values.astype(np.int64).view(np.uint64) ^ key)
 
 
+def _uniform(task_ids: np.ndarray, seed: int, stream: int) -> np.ndarray:
+    return (_seeded(task_ids, seed, stream) >> np.uint64(11)).astype(np.float64) / 2.0**53
+
+
 def warm_mask(task_ids: np.ndarray, config: SplitConfig) -> np.ndarray:
     """True for tasks that are warm, a pure function of (seed, task id)."""
-    u = (_seeded(task_ids, config.seed, 1) >> np.uint64(11)).astype(np.float64) / 2.0**53
-    return u < config.warm_fraction
+    return _uniform(task_ids, config.seed, 1) < config.warm_fraction
+
+
+def split_of_tasks(task_ids: np.ndarray, config: SplitConfig) -> np.ndarray:
+    """Per task: 0 warm (trained on), 1 valid (warm, held out for validation), 2 cold."""
+    warm = warm_mask(task_ids, config)
+    valid = warm & (_uniform(task_ids, config.seed, 3) < config.valid_fraction)
+    return np.where(warm, np.where(valid, 1, 0), 2).astype(np.int8)
+
+
+#: The splits a converted dataset holds, in the order of ``split_of_tasks``' codes.
+SPLITS = ("warm", "valid", "cold")
 
 
 def _group_starts(sorted_tasks: np.ndarray) -> np.ndarray:
@@ -82,8 +105,8 @@ def _group_starts(sorted_tasks: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], change]).astype(np.int64)
 
 
-def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[pa.Table, pa.Table, dict[str, int]]:
-    """Groups whole tasks, drops short/long ones, marks query rows, splits warm/cold.
+def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[dict[str, pa.Table], dict[str, int]]:
+    """Groups whole tasks, drops short/long ones, marks query rows, splits warm/valid/cold.
 
     Args:
         table: Rows of whole tasks in input order (every row of a task it contains is in
@@ -91,13 +114,14 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[pa.Table, pa.Tabl
         config: The split parameters.
 
     Returns:
-        ``(warm, cold, counts)``: two tables sorted by task, each task's support rows first
-        then its query rows (each in input/time order), with an ``is_query`` int32 column and
-        without ``__order``; counts of kept and dropped tasks.
+        ``(tables, counts)``: a table per split of ``SPLITS``, sorted by task, each task's
+        support rows first then its query rows (each in input/time order), with an
+        ``is_query`` int32 column and without ``__order``; counts of kept and dropped tasks.
     """
-    counts = {"warm_tasks": 0, "cold_tasks": 0, "dropped_short": 0, "dropped_long": 0}
+    counts = {"warm_tasks": 0, "valid_tasks": 0, "cold_tasks": 0, "dropped_short": 0,
+              "dropped_long": 0}
     if table.num_rows == 0:
-        return table, table, counts
+        return {s: table for s in SPLITS}, counts
     tasks = table.column(TASK_COLUMN).to_numpy()
     within = (table.column(ORDER_COLUMN).to_numpy() if ORDER_COLUMN in table.column_names
               else np.arange(len(tasks)))
@@ -121,11 +145,11 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[pa.Table, pa.Tabl
     if ORDER_COLUMN in out.column_names:
         out = out.drop_columns([ORDER_COLUMN])
     out = out.append_column(QUERY_COLUMN, pa.array(is_query))
-    warm_rows = warm_mask(out.column(TASK_COLUMN).to_numpy(), config)
-    kept_ids = tasks[starts][keep_task]
-    warm_tasks = warm_mask(kept_ids, config)
-    counts["warm_tasks"], counts["cold_tasks"] = int(warm_tasks.sum()), int((~warm_tasks).sum())
-    return out.filter(pa.array(warm_rows)), out.filter(pa.array(~warm_rows)), counts
+    row_split = split_of_tasks(out.column(TASK_COLUMN).to_numpy(), config)
+    task_split = split_of_tasks(tasks[starts][keep_task], config)
+    for code, name in enumerate(SPLITS):
+        counts[f"{name}_tasks"] = int((task_split == code).sum())
+    return {name: out.filter(pa.array(row_split == code)) for code, name in enumerate(SPLITS)}, counts
 
 
 def _query_rows(tasks: np.ndarray, rank: np.ndarray, group: np.ndarray, starts: np.ndarray,

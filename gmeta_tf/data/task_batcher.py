@@ -68,11 +68,16 @@ class TaskBatcher:
         min_query: Tasks with fewer query rows are bad.
         on_bad_task: "error" raises on a bad task (short, or NaN/out-of-range label);
             "skip" drops it and counts it in ``skipped`` (logged by the dataset).
+        resplit: In a shuffled epoch (``add_block`` given a generator), draw each task's
+            support and query rows anew: as many query rows as the file marks, chosen at
+            random among all of the task's rows. A training task's query answers then
+            change from epoch to epoch, so the outer loop cannot memorise them from the
+            support rows (meta-overfitting); without a generator the file's split is kept.
     """
 
     def __init__(self, features: list[Feature], tasks_per_batch: int, support: int | None,
                  query: int | None, min_support: int = 1, min_query: int = 1,
-                 on_bad_task: str = "error") -> None:
+                 on_bad_task: str = "error", resplit: bool = False) -> None:
         if on_bad_task not in BAD_TASK_POLICIES:
             raise DataError("unknown on_bad_task policy", value=on_bad_task,
                             expected=f"one of {BAD_TASK_POLICIES}")
@@ -80,6 +85,7 @@ class TaskBatcher:
         self.caps = {"support": support, "query": query}
         self.minimum = {"support": min_support, "query": min_query}
         self.on_bad_task = on_bad_task
+        self.resplit = resplit
         self.skipped: collections.Counter = collections.Counter()
         self._window: list[dict[str, np.ndarray]] = []
 
@@ -92,7 +98,8 @@ class TaskBatcher:
 
         A task with more rows of a role than its slots keeps the first ones in file order,
         or, given ``rng`` (a shuffled epoch), a random subset drawn anew each epoch, so
-        over the epochs training sees all of a large task's rows.
+        over the epochs training sees all of a large task's rows. With ``resplit`` and
+        ``rng`` the support/query split itself is drawn anew (see the class docstring).
         """
         tasks = cols[TASK_COLUMN].astype(np.int64)
         if len(tasks) == 0:
@@ -100,6 +107,8 @@ class TaskBatcher:
         starts, sizes = task_runs(tasks, path)
         group = np.repeat(np.arange(len(starts)), sizes)
         is_query = cols[QUERY_COLUMN].astype(bool)
+        if self.resplit and rng is not None:
+            is_query = redrawn_query_rows(group, is_query, rng)
         keep = self._valid_tasks(cols, tasks, starts, sizes, group, is_query, path)
         if not keep.any():
             return
@@ -188,6 +197,14 @@ class TaskBatcher:
             out[role] = {k.split("/", 1)[1]: v[:, :width] for k, v in flat.items()
                          if k.startswith(role + "/")}
         return out
+
+
+def redrawn_query_rows(group: np.ndarray, is_query: np.ndarray,
+                       rng: np.random.Generator) -> np.ndarray:
+    """A new query flag per row: in every task (``group``, contiguous), as many query rows
+    as ``is_query`` marks, drawn uniformly among all of the task's rows."""
+    n_query = np.bincount(group, weights=is_query).astype(np.int64)
+    return _rank_within(group, rng.random(len(group))) < n_query[group]
 
 
 def _rank_within(key: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndarray:

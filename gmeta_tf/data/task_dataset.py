@@ -186,7 +186,7 @@ class TaskDataset:
               shuffle_seed: int | None = None, epochs: int | None = 1, min_support: int = 1,
               min_query: int = 1, on_bad_task: str = "error", ragged: bool = False,
               equal_steps: bool | None = None, window_blocks: int = 4,
-              prefetch: int = 2) -> tf.data.Dataset:
+              prefetch: int = 2, resplit: bool = False) -> tf.data.Dataset:
         """Batches of ``tasks_per_batch`` whole tasks split into support and query.
 
         Args:
@@ -206,6 +206,9 @@ class TaskDataset:
                 ranks (Horovod needs it); default True when size > 1.
             window_blocks: Blocks whose tasks are shuffled together.
             prefetch: Batches prepared ahead.
+            resplit: With ``shuffle_seed``, draw every task's support and query rows anew
+                each epoch (as many query rows as the file's split has; training tasks),
+                instead of the file's fixed split (evaluation tasks keep it).
 
         Returns:
             A ``tf.data.Dataset`` of batch dicts (layout in the package docstring).
@@ -213,7 +216,7 @@ class TaskDataset:
         equal_steps = self.size > 1 if equal_steps is None else equal_steps
         limit = self.steps_per_epoch(tasks_per_batch) if equal_steps else None
         make = lambda: TaskBatcher(self.features, tasks_per_batch, support, query,  # noqa: E731
-                                   min_support, min_query, on_bad_task)
+                                   min_support, min_query, on_bad_task, resplit)
         signature = self._task_signature(support, query)
         ds = _batches_dataset(lambda: self._run(make(), epochs, shuffle_seed, window_blocks, limit),
                               signature)

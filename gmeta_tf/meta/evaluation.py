@@ -82,27 +82,53 @@ def evaluate_tasks(predict: PredictFn, batches: Iterable[Mapping], head: Head, k
     c = _collect(predict, batches, head, binary_label, relevance_label)
     if not c.task_ids:
         raise ValueError("evaluate_tasks: the batches hold no task")
+    sizes = [len(p) for p in c.predictions]
+    return report_from_rows(np.repeat(np.array(c.task_ids, np.int64), sizes),
+                            np.concatenate(c.predictions), np.concatenate(c.labels),
+                            np.concatenate(c.binary), np.concatenate(c.relevance), head.kind, k)
+
+
+def report_from_rows(task_ids: np.ndarray, predictions: np.ndarray, labels: np.ndarray,
+                     binary: np.ndarray, relevance: np.ndarray, kind: str,
+                     k: int = 3) -> EvaluationReport:
+    """The metrics of scored rows, each row tagged with its task (rows of a task need not
+    be adjacent; tasks are reported in order of first appearance).
+
+    Args:
+        task_ids, predictions, labels, binary, relevance: ``[n]`` per scored row: its task,
+            the prediction, the head's label, the 0/1 label of AUC, the relevance of nDCG.
+        kind: The head's kind, "binary" (log loss) or "rating" (MAE).
+        k: The k of nDCG@k.
+    """
+    task_ids = np.asarray(task_ids, np.int64)
+    if not len(task_ids):
+        raise ValueError("report_from_rows: no scored row")
+    _, first, inverse = np.unique(task_ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")            # tasks in order of appearance
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))
+    group = position[inverse.ravel()]
+    rows_of = np.split(np.argsort(group, kind="stable"), np.cumsum(np.bincount(group))[:-1])
+    pred = np.asarray(predictions, np.float64)
     per_task = {
-        "task_id": np.array(c.task_ids),
-        "auc": np.array([metrics.auc(y, p) for y, p in zip(c.binary, c.predictions)]),
-        f"ndcg@{k}": np.array([metrics.ndcg_at_k(r, p, k) for r, p in zip(c.relevance,
-                                                                        c.predictions)]),
+        "task_id": task_ids[first[order]],
+        "auc": np.array([metrics.auc(binary[r], pred[r]) for r in rows_of]),
+        f"ndcg@{k}": np.array([metrics.ndcg_at_k(relevance[r], pred[r], k) for r in rows_of]),
     }
-    pooled_pred, pooled_label = np.concatenate(c.predictions), np.concatenate(c.labels)
     overall = {
-        "auc": metrics.auc(np.concatenate(c.binary), pooled_pred),
+        "auc": metrics.auc(binary, pred),
         "task_auc": float(np.nanmean(per_task["auc"])) if np.isfinite(per_task["auc"]).any()
         else float("nan"),
-        f"ndcg@{k}": float(np.nanmean(per_task[f"ndcg@{k}"])),
-        "tasks": len(c.task_ids), "rows": int(len(pooled_pred)),
+        f"ndcg@{k}": float(np.nanmean(per_task[f"ndcg@{k}"]))
+        if np.isfinite(per_task[f"ndcg@{k}"]).any() else float("nan"),
+        "tasks": len(rows_of), "rows": int(len(pred)),
     }
-    if head.kind == "binary":
-        per_task["logloss"] = np.array([metrics.log_loss(y, p) for y, p in zip(c.labels,
-                                                                             c.predictions)])
-        overall["logloss"] = metrics.log_loss(pooled_label, pooled_pred)
+    if kind == "binary":
+        per_task["logloss"] = np.array([metrics.log_loss(labels[r], pred[r]) for r in rows_of])
+        overall["logloss"] = metrics.log_loss(labels, pred)
     else:
-        per_task["mae"] = np.array([metrics.mae(y, p) for y, p in zip(c.labels, c.predictions)])
-        overall["mae"] = metrics.mae(pooled_label, pooled_pred)
+        per_task["mae"] = np.array([metrics.mae(labels[r], pred[r]) for r in rows_of])
+        overall["mae"] = metrics.mae(labels, pred)
     return EvaluationReport(overall, per_task)
 
 

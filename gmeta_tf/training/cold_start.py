@@ -1,7 +1,15 @@
-"""``gmeta eval``: restore a run's checkpoint and compare models on cold-start tasks.
+"""``gmeta eval``: restore a run's chosen checkpoints and compare models on held-out data.
 
 Runs as one process: restoring reads every rank's table shards (``gmeta_tf.checkpoint``
-reshards on load), so the whole model is in this process.
+reshards on load), so the whole model is in this process. By default each model is
+restored from its best checkpoint on the validation split (``BEST.json``, written by
+``gmeta train``), the meta model and the baseline each from its own; without a
+``BEST.json`` (no validation during training) from the newest good checkpoint.
+
+What is scored: the evaluation split (``eval.split``, the cold tasks) and every dataset or
+raw file of ``eval.data`` (or ``gmeta eval --data PATH``); each result goes to its own file
+``<run_dir>/eval/<name>.json`` (name: the split, or the file's stem), never overwriting
+another's.
 """
 
 from __future__ import annotations
@@ -13,58 +21,115 @@ from pathlib import Path
 
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf.config import ConfigError, PipelineConfig
-from gmeta_tf.training.evaluation import cold_start_comparison, comparison_dict, format_table
+from gmeta_tf.training.evaluation import comparison, comparison_dict, format_table
 from gmeta_tf.training.model_builder import Models, build_models
+from gmeta_tf.training.selection import best_checkpoints
 
 log = logging.getLogger(__name__)
-EVAL_FILE = "eval.json"
+EVAL_DIR = "eval"
 TABLE_COLUMNS = ["name", "auc", "task_auc", "ndcg@3", "logloss", "mae", "tasks", "rows"]
 
 
-def restore_models(config: PipelineConfig, path: str | None = None) -> tuple[Models, dict]:
-    """The run's models as of a checkpoint, in this one process.
+def _restore(config: PipelineConfig, directory: Path) -> tuple[Models, dict]:
+    models = build_models(config)
+    manifest = checkpoint.restore(directory, models.state, models.optimizers)
+    return models, manifest
 
-    Without ``path`` the newest good checkpoint of the run is used: damaged or unfinished
-    newer ones are skipped with a warning naming them and why.
+
+def restore_models(config: PipelineConfig, path: str | None = None) -> tuple[Models, dict]:
+    """The run's models as of their chosen checkpoints, in this one process.
+
+    Args:
+        config: The pipeline config.
+        path: A checkpoint directory to restore every model from; default each model's
+            best checkpoint on validation, else the newest good checkpoint (damaged or
+            unfinished newer ones are skipped with a warning naming them and why).
 
     Returns:
-        ``(models, manifest)``; the baseline is restored when the checkpoint has it. The
-        manifest carries the restored directory under ``"directory"``.
+        ``(models, info)``; ``info`` has ``step``, ``world_size``, ``directory`` and, when
+        chosen on validation, ``chosen``: per model its step and validation metric.
     """
     if distributed.size() != 1:
         raise ConfigError("gmeta eval/export run as one process (not under horovodrun): they "
                           "restore every rank's table shards into this process")
-    models = build_models(config)
     if path:
-        directory = Path(path)
-        manifest = checkpoint.restore(directory, models.state, models.optimizers)
+        models, manifest = _restore(config, Path(path))
+        info = {**manifest, "directory": str(path)}
     else:
-        restored = checkpoint.restore_latest_good(config.checkpoint_dir, models.state,
-                                                  models.optimizers, agree=False)
-        if restored is None:
-            raise ConfigError(f"config key 'run_dir' = {config.run_dir!r}: no checkpoint under "
-                              f"{config.checkpoint_dir}; run 'gmeta train' first")
-        directory = restored.directory
-        manifest = {"step": restored.step, "world_size": restored.world_size}
-    log.info("restored %s (step %d, saved by %d ranks)", directory, manifest["step"],
-             manifest["world_size"])
-    return models, {**manifest, "directory": str(directory)}
+        models, info = _restore_chosen(config)
+    log.info("restored %s (step %d, saved by %d ranks)", info["directory"], info["step"],
+             info["world_size"])
+    return models, info
 
 
-def evaluate_pipeline(config: PipelineConfig, path: str | None = None) -> dict:
-    """Evaluates a run on its cold-start tasks and writes ``<run_dir>/eval.json``.
+def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:
+    root = Path(config.checkpoint_dir)
+    best = best_checkpoints(root)
+    complete = {d.name for d in checkpoint.complete_checkpoints(root)}
+    chosen = {name: b for name, b in best.items()
+              if name != "metric" and f"ckpt-{b['step']}" in complete}
+    if "model" in chosen:
+        step = chosen["model"]["step"]
+        models, manifest = _restore(config, root / f"ckpt-{step}")
+        log.info("the model's best checkpoint on validation: step %d (%s %.4f)", step,
+                 best["metric"], chosen["model"]["value"])
+        other = chosen.get("baseline")
+        if models.baseline is not None and other and other["step"] != step:
+            log.info("the baseline's best checkpoint on validation: step %d (%s %.4f)",
+                     other["step"], best["metric"], other["value"])
+            models.baseline = _restore(config, root / f"ckpt-{other['step']}")[0].baseline
+        return models, {**manifest, "directory": str(root / f"ckpt-{step}"),
+                        "chosen": {n: {"step": b["step"], best["metric"]: b["value"]}
+                                   for n, b in chosen.items()}}
+    models = build_models(config)
+    restored = checkpoint.restore_latest_good(root, models.state, models.optimizers, agree=False)
+    if restored is None:
+        raise ConfigError(f"config key 'run_dir' = {config.run_dir!r}: no checkpoint under "
+                          f"{root}; run 'gmeta train' first")
+    return models, {"step": restored.step, "world_size": restored.world_size,
+                    "directory": str(restored.directory)}
+
+
+def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
+                      data: list[str] | None = None) -> list[dict]:
+    """Scores the run on its evaluation split and data files; writes one JSON each.
+
+    Args:
+        config: The pipeline config.
+        path: A checkpoint directory (default: each model's chosen one).
+        data: Datasets or raw files to score (default ``eval.data``); the evaluation split
+            is scored too when ``eval.split`` is set.
 
     Returns:
-        ``{"step", "checkpoint", "rows": [per-model metrics], "table": printable text}``.
+        Per scored set: ``{"name", "step", "checkpoint", "rows": [per-model metrics],
+        "table": printable text, "file": where it was written}``.
     """
-    models, manifest = restore_models(config, path)
-    rows = comparison_dict(cold_start_comparison(models, config))
-    k_column = f"ndcg@{config.eval.ndcg_k}"
-    columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
-    columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
-    result = {"step": manifest["step"], "checkpoint": manifest["directory"],
-              "split": config.eval.split, "rows": rows}
-    os.makedirs(config.run_dir, exist_ok=True)
-    Path(config.run_dir, EVAL_FILE).write_text(json.dumps(result, indent=1))
-    result["table"] = format_table(rows, columns)
-    return result
+    from gmeta_tf.training.dataset_prep import eval_dataset
+
+    models, info = restore_models(config, path)
+    targets: list[tuple[str, str | None, str | None]] = []
+    if config.eval.split:
+        targets.append((config.eval.split, config.eval.split, None))
+    for item in (data if data is not None else config.eval.data):
+        name, dataset = eval_dataset(config, item)
+        targets.append((name, None, dataset))
+    if not targets:
+        raise ConfigError("config key 'eval.split' = None is not allowed with no eval.data: "
+                          "expected something to score (a split, or data files)")
+    out_dir = Path(config.run_dir, EVAL_DIR)
+    os.makedirs(out_dir, exist_ok=True)
+    results = []
+    for name, split, dataset in targets:
+        rows = comparison_dict(comparison(models, config, split=split, path=dataset))
+        k_column = f"ndcg@{config.eval.ndcg_k}"
+        columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
+        columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
+        result = {"name": name, "step": info["step"], "checkpoint": info["directory"],
+                  "chosen": info.get("chosen"), "split": split, "data": dataset, "rows": rows}
+        file = out_dir / f"{name}.json"
+        checkpoint.write_atomically(file, lambda tmp: Path(tmp).write_text(
+            json.dumps(result, indent=1)))
+        result["table"] = format_table(rows, columns)
+        result["file"] = str(file)
+        results.append(result)
+    return results

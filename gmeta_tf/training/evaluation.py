@@ -1,143 +1,332 @@
-"""Cold-start evaluation of trained models: periodic (during training, on every rank) and
-final (``gmeta eval``: every cold task, the meta model against the baseline).
+"""Scoring trained models: validation during training (every rank) and the final
+comparison of ``gmeta eval`` (one process), through one code path.
 
-Tasks of the evaluation split (``eval.split``, "cold" by default) were never trained on;
-each is adapted on its support rows and scored on its query rows (see
-``gmeta_tf.meta.evaluate_tasks``).
+Task data (a meta model, or any model evaluated on tasks): every task of a split is
+adapted on its support rows and scored on its query rows. The meta model adapts with its
+inner loop; the baseline is fine-tuned through the same inner-loop code
+(``fine_tuned_predictions``), on the same fast weights and adapted embedding rows, for
+``eval.baseline_steps`` steps (default: the meta model's k) at ``eval.baseline_lr``.
+
+Row data (a plain CTR model, ``meta.enabled: false``): every row of the split is scored.
+
+The validation split (``train.validation_split``, held-out warm tasks) chooses the best
+checkpoint and the stopping step; the evaluation split (``eval.split``, cold tasks) is
+scored only by ``gmeta eval``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf import distributed
-from gmeta_tf.config import PipelineConfig
-from gmeta_tf.meta import EvaluationReport, MetaModel, evaluate_tasks, fine_tuned_predictions
-from gmeta_tf.meta import metrics
+from gmeta_tf.config import PipelineConfig, tower_sparse_features
+from gmeta_tf.meta import EvaluationReport, MetaModel, fine_tuned_predictions
+from gmeta_tf.meta.evaluation import report_from_rows
 from gmeta_tf.training.model_builder import Models
+from gmeta_tf.training.references import ReferenceData, fit_references
 
 PredictFn = Callable[[Mapping], tf.Tensor]
+#: Metrics where higher is better (the others: lower is better).
+HIGHER_IS_BETTER = ("auc", "ndcg")
 
 
-def eval_batches(config: PipelineConfig, equal_steps: bool) -> tf.data.Dataset:
-    """Task batches of the evaluation split, every support and query row of each task.
+# ---- batches -----------------------------------------------------------------------------
+
+def split_dataset(config: PipelineConfig, split: str | None, path: str | None = None
+                  ) -> meta_io.TaskDataset:
+    """One split of the config's dataset (or of another dataset at ``path``)."""
+    return meta_io.TaskDataset(path or config.data.path, split, reader=config.data.reader,
+                               verify="size")
+
+
+def task_batches(config: PipelineConfig, split: str | None, equal_steps: bool,
+                 path: str | None = None) -> tf.data.Dataset:
+    """Batches of every task of a split, each with its fixed support and query rows.
 
     With ``equal_steps`` (every rank runs the same number of batches) a split too small
     for one batch of ``eval.tasks_per_batch`` tasks on every rank is read in batches of
     as many tasks as the rank with the fewest has, so a small split is still scored.
     """
-    dataset = meta_io.TaskDataset(config.data.path, config.eval.split,
-                                  reader=config.data.reader, verify="size")
+    dataset = split_dataset(config, split, path)
     per_batch = config.eval.tasks_per_batch
     if equal_steps:
         per_batch = max(1, min(per_batch, dataset.fewest_tasks_per_rank))
     return dataset.tasks(per_batch, None, None, equal_steps=equal_steps)
 
 
-def adapted_predict(model: tf.keras.Model, steps: int | None,
-                    fine_tune_lr: float) -> PredictFn:
-    """Predictions after adapting on each task's support set.
-
-    A ``MetaModel`` adapts with its own inner loop (``steps`` overrides k, 0 = none); a
-    ``CTRModel`` is fine-tuned with ``steps`` SGD steps at ``fine_tune_lr`` (0 = none).
-    """
-    if isinstance(model, MetaModel):
-        return tf.function(lambda batch: model.adapted_predictions(batch, steps),
-                           reduce_retracing=True)
-    return fine_tuned_predictions(model, steps or 0, fine_tune_lr)
+def eval_batches(config: PipelineConfig, equal_steps: bool) -> tf.data.Dataset:
+    """Task batches of the evaluation split (``eval.split``)."""
+    return task_batches(config, config.eval.split, equal_steps)
 
 
-def _main_predict(models: Models, config: PipelineConfig) -> PredictFn:
-    return adapted_predict(models.model, config.eval.adapt_steps, config.eval.baseline_lr)
+def row_batches(config: PipelineConfig, split: str | None, path: str | None = None
+                ) -> tf.data.Dataset:
+    """Every row of a split once, in file order, ``data.batch_size`` rows a batch."""
+    return split_dataset(config, split, path).rows(config.data.batch_size)
 
 
-# ---- periodic evaluation, on every rank --------------------------------------------------
+# ---- predict functions -------------------------------------------------------------------
 
-def _query_rows(batch: Mapping, predictions: np.ndarray, label: str) -> tuple[np.ndarray, ...]:
-    real = np.asarray(batch["query"]["mask"]) > 0
-    return predictions[real], np.asarray(batch["query"][label])[real]
+def meta_predict(model: MetaModel, steps: int | None = None) -> PredictFn:
+    """The meta model adapted with its inner loop (``steps`` overrides k; 0: none)."""
+    return tf.function(lambda batch: model.adapted_predictions(batch, steps),
+                       reduce_retracing=True)
 
 
-def periodic_metrics(models: Models, config: PipelineConfig) -> dict[str, float]:
-    """Pooled metrics of the main model on ``train.eval_batches`` evaluation batches.
+def baseline_steps(config: PipelineConfig) -> int:
+    """The baseline's fine-tuning steps: ``eval.baseline_steps``, default the meta k."""
+    if config.eval.baseline_steps is not None:
+        return config.eval.baseline_steps
+    return config.meta.inner_steps
 
-    Every rank scores its share of the tasks (all ranks run the same number of batches, as
-    the embedding's all-to-alls need); the rows are then gathered so every rank returns
-    the same figures: ``auc`` (of the binary label), ``logloss`` or ``mae`` (of the head's
-    label) and ``rows``.
-    """
-    predict = _main_predict(models, config)
+
+def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,
+                      steps: int | None = None) -> PredictFn:
+    """The baseline fine-tuned on each task's support rows exactly as the meta model
+    adapts: same code, same fast weights, same adapted embedding rows; ``steps`` SGD steps
+    (default ``baseline_steps``) at ``eval.baseline_lr``."""
+    steps = baseline_steps(config) if steps is None else steps
+    return fine_tuned_predictions(model, steps, config.eval.baseline_lr,
+                                  config.meta.fast_weights, config.meta.adapt_embeddings)
+
+
+def row_predict(model: tf.keras.Model) -> PredictFn:
+    """A plain CTR model on row batches."""
+    names = list(model.tower.sparse_features) + list(model.tower.dense_features)
+    return tf.function(lambda rows: model({n: rows[n] for n in names}, training=False),
+                       reduce_retracing=True)
+
+
+# ---- scoring -----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class ScoredRows:
+    """Scored rows: per row its task, prediction, the head's label, the 0/1 label of AUC
+    and the relevance of nDCG."""
+
+    task_id: np.ndarray
+    prediction: np.ndarray
+    label: np.ndarray
+    binary: np.ndarray
+    relevance: np.ndarray
+
+    @classmethod
+    def concat(cls, parts: list["ScoredRows"]) -> "ScoredRows":
+        if not parts:
+            return cls(*(np.zeros(0) for _ in dataclasses.fields(cls)))
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts])
+                     for f in dataclasses.fields(cls)))
+
+    def gathered(self) -> "ScoredRows":
+        """The rows of every rank (a collective: call on every rank)."""
+        return ScoredRows(*(distributed.allgather(np.asarray(getattr(self, f.name), np.float64))
+                            for f in dataclasses.fields(self)))
+
+
+def _labels(config: PipelineConfig, models: Models) -> tuple[str, str, str]:
     head = models.model.head
-    binary = config.eval.binary_label or head.label
-    preds, labels, binaries = [], [], []
-    for batch in eval_batches(config, equal_steps=True).take(config.train.eval_batches):
+    e = config.eval
+    return head.label, e.binary_label or head.label, e.relevance_label or head.label
+
+
+def score_tasks(predict: PredictFn, batches: Iterable[Mapping],
+                labels: tuple[str, str, str]) -> ScoredRows:
+    """Every real query row of task batches, scored by ``predict`` ([T, Q])."""
+    label, binary, relevance = labels
+    parts = []
+    for batch in batches:
         p = np.asarray(predict(batch))
-        pred, label = _query_rows(batch, p, head.label)
-        preds.append(pred)
-        labels.append(label)
-        binaries.append(_query_rows(batch, p, binary)[1])
-    pred, label, binary_label = (
-        distributed.allgather(np.concatenate(x).astype(np.float64) if x else np.zeros(0))
-        for x in (preds, labels, binaries))
-    if not len(pred):
-        return {}
-    out = {"auc": metrics.auc(binary_label, pred), "rows": float(len(pred))}
-    if head.kind == "binary":
-        out["logloss"] = metrics.log_loss(label, pred)
+        query = batch["query"]
+        real = np.asarray(query["mask"]) > 0
+        ids = np.broadcast_to(np.asarray(batch["task_id"])[:, None], real.shape)
+        parts.append(ScoredRows(ids[real], p[real], np.asarray(query[label])[real],
+                                np.asarray(query[binary])[real],
+                                np.asarray(query[relevance])[real]))
+    return ScoredRows.concat(parts)
+
+
+def score_rows(predict: PredictFn, batches: Iterable[Mapping],
+               labels: tuple[str, str, str]) -> ScoredRows:
+    """Every row of row batches, scored by ``predict`` ([B])."""
+    label, binary, relevance = labels
+    parts = [ScoredRows(np.asarray(b["task_id"]), np.asarray(predict(b)), np.asarray(b[label]),
+                        np.asarray(b[binary]), np.asarray(b[relevance])) for b in batches]
+    return ScoredRows.concat(parts)
+
+
+def report(scored: ScoredRows, kind: str, k: int) -> EvaluationReport:
+    return report_from_rows(scored.task_id, scored.prediction, scored.label, scored.binary,
+                            scored.relevance, kind, k)
+
+
+# ---- validation during training (every rank) ---------------------------------------------
+
+def selection_metric(config: PipelineConfig) -> str:
+    """The metric that chooses checkpoints: ``train.select_metric`` ("auto": AUC)."""
+    metric = config.train.select_metric
+    if metric == "auto":
+        return "auc"
+    if metric == "ndcg":
+        return f"ndcg@{config.eval.ndcg_k}"
+    return metric
+
+
+def improves(metric: str, value: float, best: float | None, min_delta: float = 0.0) -> bool:
+    """Whether ``value`` beats ``best`` on ``metric`` (NaN never improves)."""
+    if value is None or math.isnan(value):
+        return False
+    if best is None or math.isnan(best):
+        return True
+    if metric.split("@")[0] in HIGHER_IS_BETTER:
+        return value > best + min_delta
+    return value < best - min_delta
+
+
+def validation_metrics(models: Models, config: PipelineConfig) -> dict[str, dict[str, float]]:
+    """Each trained model scored on the validation split, the same on every rank.
+
+    Every rank scores its share of the split (all ranks run the same number of batches,
+    as the embedding's all-to-alls need; ``train.eval_batches`` caps them), then the
+    scored rows are gathered. Returns ``{"model": metrics, "baseline": metrics}`` (no
+    baseline key without one); metrics are ``auc``, ``task_auc``, ``ndcg@k``,
+    ``logloss`` or ``mae``, ``tasks`` and ``rows``; empty when the split has no rows.
+    """
+    split, limit = config.train.validation_split, config.train.eval_batches
+    labels = _labels(config, models)
+    kind, k = models.model.head.kind, config.eval.ndcg_k
+    contenders: dict[str, Callable[[], ScoredRows]] = {}
+    if models.is_meta:
+        def batches():
+            ds = task_batches(config, split, equal_steps=True)
+            return ds.take(limit) if limit else ds
+
+        contenders["model"] = lambda: score_tasks(meta_predict(models.model), batches(), labels)
+        if models.baseline is not None:
+            contenders["baseline"] = lambda: score_tasks(
+                fine_tune_predict(models.baseline, config), batches(), labels)
     else:
-        out["mae"] = metrics.mae(label, pred)
+        contenders["model"] = lambda: score_rows(row_predict(models.model),
+                                                 _equal_row_batches(config, split, limit),
+                                                 labels)
+    out = {}
+    for name, score in contenders.items():
+        scored = score().gathered()
+        if len(scored.prediction):
+            out[name] = report(scored, kind, k).overall
     return out
 
 
-# ---- final evaluation --------------------------------------------------------------------
+def _equal_row_batches(config: PipelineConfig, split: str, limit: int | None):
+    """Row batches of a split with the same number of batches on every rank (an empty one
+    where a rank has run out), every row of the split scored once."""
+    dataset = split_dataset(config, split)
+    batches = list(dataset.rows(config.data.batch_size).take(limit) if limit
+                   else dataset.rows(config.data.batch_size))
+    count = int(distributed.allgather(np.array([len(batches)], np.int64)).max())
+    if batches:
+        empty = {k: v[:0] for k, v in batches[0].items()}
+    else:
+        empty = _empty_rows(dataset)
+    return batches + [empty] * (count - len(batches))
+
+
+def _empty_rows(dataset: meta_io.TaskDataset) -> dict:
+    for batch in dataset.rows(1).take(1):
+        return {k: v[:0] for k, v in batch.items()}
+    raise ValueError(f"{dataset.path}: split {dataset.split!r} has no rows")
+
+
+# ---- final evaluation (gmeta eval) -------------------------------------------------------
 
 @dataclasses.dataclass
 class ComparedRow:
-    """One line of the cold-start comparison."""
+    """One line of the comparison."""
 
     name: str
     report: EvaluationReport
 
 
-def cold_start_comparison(models: Models, config: PipelineConfig) -> list[ComparedRow]:
-    """Every task of the evaluation split, scored by the main model and its baselines.
+def reference_data(config: PipelineConfig, models: Models) -> ReferenceData:
+    """What the reference predictors read: the item (MeLU's first item feature, else
+    ``eval.reference_feature`` or the tower's first sparse feature that is not adapted
+    per task) and every feature of the tower for the linear model."""
+    model = config.model
+    feature = config.eval.reference_feature
+    if feature is None:
+        sparse = [f for f in tower_sparse_features(model)
+                  if f not in config.meta.adapt_embeddings]
+        feature = model.item_features[0] if model.item_features else sparse[0]
+    return ReferenceData(models.model.head.kind, models.model.head.label, feature,
+                         tuple(tower_sparse_features(model)), tuple(model.dense_features))
 
-    Rows: the main model adapted on each task's support set and without adaptation; with
-    a baseline (a meta model trained beside a plain CTR model), the baseline fine-tuned on
-    the support set (``eval.baseline_steps`` SGD steps at ``eval.baseline_lr``) and as is.
+
+def comparison(models: Models, config: PipelineConfig, split: str | None = None,
+               path: str | None = None, references: bool = True) -> list[ComparedRow]:
+    """Every task (or row) of a split scored by the models, their baselines and the
+    reference predictors, on the same rows.
+
+    Args:
+        models: The restored models.
+        config: The pipeline config.
+        split: The split to score (default ``eval.split``); None with ``path``: every file.
+        path: Another dataset (same schema) to score instead of the config's.
+        references: Also fit and score the reference predictors.
     """
-    e = config.eval
+    split = config.eval.split if split is None and path is None else split
+    labels = _labels(config, models)
+    kind, k, e = models.model.head.kind, config.eval.ndcg_k, config.eval
+    tasks = models.is_meta
 
-    def report(predict: PredictFn) -> EvaluationReport:
-        return evaluate_tasks(predict, eval_batches(config, equal_steps=False),
-                              models.model.head, e.ndcg_k, e.binary_label, e.relevance_label)
+    def batches():
+        if tasks:
+            return task_batches(config, split, equal_steps=False, path=path)
+        return row_batches(config, split, path)
+
+    def scored(predict) -> EvaluationReport:
+        rows = (score_tasks if tasks else score_rows)(predict, batches(), labels)
+        return report(rows, kind, k)
 
     rows = []
     if models.is_meta:
-        k = config.meta.inner_steps if e.adapt_steps is None else e.adapt_steps
-        rows.append(ComparedRow(f"meta ({config.meta.algorithm}, adapted k={k})",
-                                report(_main_predict(models, config))))
-        rows.append(ComparedRow("meta, no adaptation",
-                                report(adapted_predict(models.model, 0, e.baseline_lr))))
+        steps = config.meta.inner_steps if e.adapt_steps is None else e.adapt_steps
+        rows.append(ComparedRow(f"meta ({config.meta.algorithm}, adapted k={steps})",
+                                scored(meta_predict(models.model, e.adapt_steps))))
+        rows.append(ComparedRow("meta, no adaptation", scored(meta_predict(models.model, 0))))
     else:
-        rows.append(ComparedRow("ctr model", report(adapted_predict(models.model, 0, 1.0))))
+        rows.append(ComparedRow("ctr model", scored(row_predict(models.model))))
     if models.baseline is not None:
-        rows.append(ComparedRow(f"baseline fine-tuned ({e.baseline_steps} steps)",
-                                report(adapted_predict(models.baseline, e.baseline_steps,
-                                                       e.baseline_lr))))
+        rows.append(ComparedRow(f"baseline fine-tuned (k={baseline_steps(config)})",
+                                scored(fine_tune_predict(models.baseline, config))))
         rows.append(ComparedRow("baseline, no fine-tuning",
-                                report(adapted_predict(models.baseline, 0, e.baseline_lr))))
+                                scored(fine_tune_predict(models.baseline, config, 0))))
+    if references:
+        fitted = fit_reference_predictors(models, config)
+        for name, predict in fitted.predictors.items():
+            rows.append(ComparedRow(f"reference: {name}", scored(predict)))
     return rows
 
 
+def fit_reference_predictors(models: Models, config: PipelineConfig):
+    """The reference predictors fitted on the training split, tuned on validation."""
+    tasks = models.is_meta
+    data = reference_data(config, models)
+    train = split_dataset(config, "warm").rows(4096)
+    split = config.train.validation_split
+    if tasks:
+        valid = list(task_batches(config, split, equal_steps=False))
+    else:
+        valid = list(row_batches(config, split))
+    return fit_references(data, train, valid, tasks, seed=config.model.seed)
+
+
 def comparison_dict(rows: list[ComparedRow]) -> list[dict]:
-    """The comparison as JSON-ready dicts (``eval.json``)."""
+    """The comparison as JSON-ready dicts (``eval-<split>.json``)."""
     return [{"name": r.name, **{k: _json_number(v) for k, v in r.report.overall.items()}}
             for r in rows]
 
@@ -163,4 +352,3 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
     return "\n".join(lines)
-

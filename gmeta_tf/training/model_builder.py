@@ -116,8 +116,14 @@ def meta_config(config: PipelineConfig) -> MetaConfig:
                       m.inner_lr_per_step, m.multi_step_loss)
 
 
-def keras_optimizer(config: PipelineConfig) -> tf.keras.optimizers.Optimizer:
-    return _OPTIMIZERS[config.train.optimizer](config.train.learning_rate)
+def keras_optimizer(config: PipelineConfig, baseline: bool = False
+                    ) -> tf.keras.optimizers.Optimizer:
+    """The dense optimizer of the main model, or of the baseline (its own learning rate,
+    ``train.baseline_learning_rate``, when given)."""
+    rate = config.train.learning_rate
+    if baseline and config.train.baseline_learning_rate is not None:
+        rate = config.train.baseline_learning_rate
+    return _OPTIMIZERS[config.train.optimizer](rate)
 
 
 def build_models(config: PipelineConfig, placement: Placement | None = None,
@@ -157,7 +163,7 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
         optimizers.model = keras_optimizer(config)
         model.compile(optimizer=optimizers.model)
         if baseline is not None:
-            optimizers.baseline = keras_optimizer(config)
+            optimizers.baseline = keras_optimizer(config, baseline=True)
             baseline.compile(optimizer=optimizers.baseline)
         _build_variables(model, optimizers.model)
         if baseline is not None:

@@ -1,8 +1,12 @@
 """The training loop of ``gmeta train``: one code path for one rank and many.
 
 Every rank reads its share of the warm tasks (Meta-IO shards whole tasks over ranks),
-runs the meta step (or the plain CTR step) and, with ``train.baseline``, the baseline's
-step on the same rows. Rank 0 draws the progress bar and writes TensorBoard scalars;
+runs the meta step and, with ``train.baseline``, the baseline's step on the same rows; a
+plain CTR model (``meta.enabled: false``) reads row batches of every warm row instead.
+Training tasks' support and query rows are drawn anew each epoch (``train.resplit``).
+Every ``train.eval_every`` steps each model is scored on the validation split; its best
+step is checkpointed and kept (``gmeta_tf.training.selection``), and with
+``train.patience`` training stops when no model has improved for that many evaluations. Rank 0 draws the progress bar and writes TensorBoard scalars;
 figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are summed or
 averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
 table shards) are written every ``train.checkpoint_every`` steps and at the end;
@@ -47,9 +51,10 @@ from gmeta_tf.embedding.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.training.devices import configure_devices
-from gmeta_tf.training.evaluation import periodic_metrics
+from gmeta_tf.training.evaluation import selection_metric, validation_metrics
 from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
 from gmeta_tf.training.progress import ProgressBar
+from gmeta_tf.training.selection import Selection
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "train_summary.json"
@@ -78,6 +83,10 @@ class TrainResult:
     #: Per cached table, the MixCache counters summed over ranks since the tables were
     #: made (hits, lookups, size, capacity, admitted, evicted) and hit_rate.
     cache: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    #: Per model ("model", "baseline"): its best validation step, value and metrics.
+    best: dict[str, dict] = dataclasses.field(default_factory=dict)
+    #: The step early stopping ended the run at (None: it ran to ``train.steps``).
+    stopped_early_at: int | None = None
 
     @property
     def samples_per_sec(self) -> float:
@@ -131,15 +140,22 @@ class Trainer:
             shutil.rmtree(self.ckpt_dir)
         distributed.barrier()
 
-    def _batches(self, start_step: int) -> Iterator[dict]:
+    def _batches(self, start_step: int, is_meta: bool) -> Iterator[dict]:
         d, t = self.config.data, self.config.train
         dataset = meta_io.TaskDataset(d.path, "warm", reader=d.reader, verify="size")
+        if not is_meta:  # a plain CTR model: every warm row, row batches
+            if dataset.num_rows < 1:
+                raise ConfigError(f"config key 'data.path' = {d.path!r}: rank {self.rank} of "
+                                  f"{self.size} has no warm rows")
+            rows = dataset.rows(d.batch_size, shuffle_seed=t.shuffle_seed, epochs=None)
+            return iter(rows.skip(start_step))
         if dataset.steps_per_epoch(d.tasks_per_batch) < 1:
             raise ConfigError(f"config key 'data.tasks_per_batch' = {d.tasks_per_batch} is not "
                               f"allowed: expected at most the warm tasks of each rank's share "
                               f"(rank {self.rank} of {self.size} has {dataset.num_tasks})")
         batches = dataset.tasks(d.tasks_per_batch, d.support, d.query,
-                                shuffle_seed=t.shuffle_seed, epochs=None, equal_steps=True)
+                                shuffle_seed=t.shuffle_seed, epochs=None, equal_steps=True,
+                                resplit=t.resplit)
         # The stream is a pure function of the seed: skipping the steps already taken
         # makes a resumed run see exactly the batches of an uninterrupted one.
         return iter(batches.skip(start_step))
@@ -155,8 +171,8 @@ class Trainer:
             return out
 
         @tf.function(reduce_retracing=True)
-        def ctr_step(batch):
-            return model.train_step(task_rows(batch))
+        def ctr_step(rows):
+            return model.train_step(rows)
 
         return step if models.is_meta else ctr_step
 
@@ -190,8 +206,7 @@ class Trainer:
             return tf.reduce_mean(head.row_loss(labels, outputs))
 
         @tf.function(reduce_retracing=True)
-        def to_rows(batch):  # the CTR step's input, multi-hot ids as ragged
-            rows = task_rows(batch)
+        def to_rows(rows):  # the CTR step's input, multi-hot ids as ragged
             return {**rows, **embedding_inputs(rows, names)}
 
         trainer = HybridTrainer(embedding, loss_fn, dense_slow_variables(model),
@@ -234,7 +249,10 @@ class Trainer:
                 variables += dense_slow_variables(models.baseline)
             distributed.broadcast_variables(variables)
         self._write_config()
-        batches = self._batches(start)
+        batches = self._batches(start, models.is_meta)
+        selection = Selection.load(self.ckpt_dir, selection_metric(config), t.patience,
+                                   up_to_step=start) if start else \
+            Selection(selection_metric(config), t.patience)
         tensorboard = _Scalars(config.tensorboard_dir if self.rank == 0 else None)
         bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
         self._cache_base = self._cache_totals(models)
@@ -244,7 +262,7 @@ class Trainer:
             train, hybrid = self._hybrid_steps(models, meter)
         else:
             train = self._sync_steps(models, meter)
-        last_ckpt, out, eval_metrics = None, {}, {}
+        last_ckpt, out, eval_metrics, stopped = None, {}, {}, None
         log.info("training %s from step %d to %d on %d rank(s), devices: tables %s, dense %s%s",
                  config.name, start, t.steps, self.size, self.placement.tables,
                  self.placement.dense, f", hybrid (staleness {hybrid.staleness})" if hybrid else "")
@@ -255,14 +273,25 @@ class Trainer:
             if step % t.log_every == 0 or step == t.steps:
                 self._report(step, out, models, meter, bar, tensorboard, hybrid)
             with meter.paused():  # samples/s counts training time only
+                improved = []
                 if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
-                    eval_metrics = self._evaluate(step, models, tensorboard)
-                if t.checkpoint_every and step % t.checkpoint_every == 0:
-                    last_ckpt = self._save(models, step)
+                    eval_metrics, improved = self._validate(step, models, tensorboard,
+                                                            selection)
+                if improved or (t.checkpoint_every and step % t.checkpoint_every == 0):
+                    last_ckpt = self._save(models, step, selection)
+                if selection.should_stop:
+                    stopped = step
+                    log.info("early stopping at step %d: no model improved its validation %s "
+                             "in %d evaluations", step, selection.metric, selection.stale)
+                    break
         bar.close()
-        if last_ckpt is None or not last_ckpt.name.endswith(f"-{t.steps}"):
-            last_ckpt = self._save(models, t.steps)
-        result = self._result(start, models, meter, out, last_ckpt, eval_metrics, hybrid)
+        if last_ckpt is None or not last_ckpt.name.endswith(f"-{done}"):
+            last_ckpt = self._save(models, done, selection)
+        for name, best in sorted(selection.best.items()):
+            log.info("best checkpoint of the %s: step %d (validation %s %.4f)", name, best.step,
+                     selection.metric, best.value)
+        result = self._result(start, models, meter, out, last_ckpt, eval_metrics, hybrid,
+                              selection, stopped)
         tensorboard.close()
         return result
 
@@ -336,18 +365,33 @@ class Trainer:
                 "wait_for_rows_s": float(seconds[0]), "dense_s": float(seconds[1]),
                 "cache_rebalance_s": float(seconds[2])}
 
-    def _evaluate(self, step: int, models: Models, tensorboard: "_Scalars") -> dict[str, float]:
-        metrics = periodic_metrics(models, self.config)
-        if metrics:
-            log.info("step %d eval (%s split, %d query rows): %s", step, self.config.eval.split,
-                     int(metrics["rows"]), ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
-                                                     if k != "rows"))
-            tensorboard.write(step, {f"eval/{k}": v for k, v in metrics.items()})
-        else:
-            log.warning("step %d eval: the %s split has no task on some rank (its files are "
-                        "shared out over ranks whole); nothing scored", step,
-                        self.config.eval.split)
-        return metrics
+    def _validate(self, step: int, models: Models, tensorboard: "_Scalars",
+                  selection: Selection) -> tuple[dict[str, float], list[str]]:
+        """Scores the models on the validation split; returns the main model's metrics and
+        the models that improved on their best."""
+        split = self.config.train.validation_split
+        results = validation_metrics(models, self.config)
+        if not results:
+            log.warning("step %d validation: the %s split has no rows; nothing scored",
+                        step, split)
+            return {}, []
+        improved = selection.update(step, results)
+        parts = []
+        for name, metrics in results.items():
+            best = selection.best.get(name)
+            mark = "best" if name in improved else (f"best {best.value:.4f} at step {best.step}"
+                                                   if best else "no best yet")
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
+                              if k not in ("rows", "tasks"))
+            parts.append(f"{name}: {shown} ({mark})")
+            tensorboard.write(step, {f"validation/{name}/{k}": v for k, v in metrics.items()})
+        main = results.get("model", {})
+        log.info("step %d validation (%s split, %d tasks, %d rows) on %s: %s", step, split,
+                 int(main.get("tasks", 0)), int(main.get("rows", 0)), selection.metric,
+                 "; ".join(parts))
+        if self.rank == 0:
+            selection.save(self.ckpt_dir)
+        return main, improved
 
     def _table_rows(self, models: Models) -> dict[str, int]:
         sizes = models.model.embedding.table_sizes()
@@ -361,13 +405,14 @@ class Trainer:
         mine = counts["alltoall_bytes"] + counts["alltoall_grad_bytes"]
         return float(distributed.sum_over_ranks(np.array([mine], np.float64))[0])
 
-    def _save(self, models: Models, step: int) -> Path:
+    def _save(self, models: Models, step: int, selection: Selection) -> Path:
+        """Checkpoints, then prunes all but the newest ``train.keep_checkpoints`` and each
+        model's best (``checkpoint.prune``: renamed before deletion, crash-safe)."""
         path = checkpoint.save(self.ckpt_dir, models.state, step, models.optimizers)
         log.info("checkpoint %s", path)
         if self.rank == 0:
-            for old in checkpoint.complete_checkpoints(self.ckpt_dir)[:-self.config.train
-                                                                       .keep_checkpoints]:
-                shutil.rmtree(old, ignore_errors=True)
+            checkpoint.prune(self.ckpt_dir, self.config.train.keep_checkpoints,
+                             protect=selection.protected_steps)
         distributed.barrier()
         return path
 
@@ -377,19 +422,23 @@ class Trainer:
             dump_config(self.config, os.path.join(self.config.run_dir, "config.yaml"))
 
     def _result(self, start: int, models: Models, meter: "_Meter", out: dict, ckpt: Path,
-                eval_metrics: dict, hybrid: HybridTrainer | None = None) -> TrainResult:
+                eval_metrics: dict, hybrid: HybridTrainer | None, selection: Selection,
+                stopped: int | None) -> TrainResult:
         samples = float(distributed.sum_over_ranks(np.array([meter.total], np.float64))[0])
         loss = float(distributed.sum_over_ranks(np.array([float(out.get("loss", np.nan))]))[0]) / self.size
         baseline = None
         if "baseline_loss" in out:
             baseline = float(distributed.sum_over_ranks(np.array([float(out["baseline_loss"])]))[0]
                              ) / self.size
-        steps = self.config.train.steps - start
-        result = TrainResult(start, self.config.train.steps, meter.elapsed, int(samples), loss,
+        end = stopped if stopped is not None else self.config.train.steps
+        steps = end - start
+        result = TrainResult(start, end, meter.elapsed, int(samples), loss,
                              baseline, str(ckpt), self.size, self._table_rows(models),
                              self._alltoall_bytes() / max(steps, 1), eval_metrics,
                              self._staleness(hybrid) if hybrid is not None else None,
-                             self._cache_totals(models))
+                             self._cache_totals(models),
+                             {n: dataclasses.asdict(b) for n, b in selection.best.items()},
+                             stopped)
         if self.rank == 0:
             summary = {**dataclasses.asdict(result), "samples_per_sec": result.samples_per_sec}
             Path(self.config.run_dir, SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
@@ -419,6 +468,8 @@ def _rebalance_caches(models: Models, step: int) -> None:
 
 
 def _real_rows(batch: dict) -> int:
+    if "support" not in batch:  # a row batch
+        return int(batch["task_id"].shape[0])
     return int(sum(float(tf.reduce_sum(batch[r]["mask"])) for r in ("support", "query")))
 
 

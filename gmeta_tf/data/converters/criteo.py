@@ -54,7 +54,12 @@ def bucketize(x: np.ndarray) -> np.ndarray:
     return ids
 
 
-def _parse(batch: pa.RecordBatch, int_mode: str, task_column: str) -> dict[str, np.ndarray]:
+#: With no task column every row is its own task: file index << ROW_TASK_BITS | row index.
+ROW_TASK_BITS = 40
+
+
+def _parse(batch: pa.RecordBatch, int_mode: str, task_column: str | None,
+           first_task: int = 0) -> dict[str, np.ndarray]:
     cols: dict[str, np.ndarray] = {}
     for c in INT_COLUMNS:
         x = batch.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
@@ -63,15 +68,19 @@ def _parse(batch: pa.RecordBatch, int_mode: str, task_column: str) -> dict[str, 
     for c in CAT_COLUMNS:
         cols[c] = hashing.to_ids(batch.column(c), c)
     cols["label"] = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float32)
-    return {TASK_COLUMN: cols[task_column], **cols}
+    if task_column is None:
+        tasks = np.arange(first_task, first_task + batch.num_rows, dtype=np.int64)
+    else:
+        tasks = cols[task_column]
+    return {TASK_COLUMN: tasks, **cols}
 
 
-def _raw_batches(paths: list[str], int_mode: str, task_column: str,
+def _raw_batches(paths: list[str], int_mode: str, task_column: str | None,
                  block_bytes: int) -> Iterator[RawBatch]:
     names = ["label", *INT_COLUMNS, *CAT_COLUMNS]
     types = {"label": pa.float64(), **{c: pa.float64() for c in INT_COLUMNS},
              **{c: pa.string() for c in CAT_COLUMNS}}
-    for path in paths:
+    for index, path in enumerate(paths):
         def open_reader(path=path):
             return pacsv.open_csv(
                 path, read_options=pacsv.ReadOptions(column_names=names, block_size=block_bytes),
@@ -79,11 +88,13 @@ def _raw_batches(paths: list[str], int_mode: str, task_column: str,
                 convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True))
 
         for batch, first_row in record_batches(open_reader, path, "Criteo TSV"):
-            yield RawBatch(columns_to_batch(_parse(batch, int_mode, task_column)), path, first_row)
+            first_task = (index << ROW_TASK_BITS) + first_row
+            yield RawBatch(columns_to_batch(_parse(batch, int_mode, task_column, first_task)),
+                           path, first_row)
 
 
 def convert_criteo(src: str | list[str], out_dir: str, seed: int = 0, int_mode: str = "log",
-                   task_column: str = "C2", split: SplitConfig | None = None,
+                   task_column: str | None = "C2", split: SplitConfig | None = None,
                    output: OutputConfig | None = None, block_bytes: int = 16 << 20) -> Manifest:
     """Converts raw Criteo TSV file(s) to a task-partitioned dataset, streaming.
 
@@ -92,7 +103,8 @@ def convert_criteo(src: str | list[str], out_dir: str, seed: int = 0, int_mode: 
         out_dir: Output dataset directory.
         seed: Split seed (ignored when ``split`` is given).
         int_mode: "log" (dense) or "bucketize" (sparse) for I1..I13.
-        task_column: The categorical column whose value is the task.
+        task_column: The categorical column whose value is the task; None: every row is
+            its own task (row data, e.g. for a plain CTR model).
         split: Split parameters; default 80% warm tasks, 4 query rows, tasks with fewer
             than 8 rows dropped.
         output: File format and sizes.
@@ -105,7 +117,7 @@ def convert_criteo(src: str | list[str], out_dir: str, seed: int = 0, int_mode: 
     for p in paths:
         if not os.path.exists(p):
             raise DataError("input file not found", file=p)
-    if task_column not in CAT_COLUMNS:
+    if task_column is not None and task_column not in CAT_COLUMNS:
         raise DataError("task column must be a categorical column", column=task_column,
                         expected="one of C1..C26")
     schema = criteo_schema(int_mode)

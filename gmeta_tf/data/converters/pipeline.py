@@ -154,9 +154,9 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
                 part.add(batch)
             counts["rows_in"] = part.rows
             for table in part.buckets():
-                warm, cold, bucket_counts = split_tasks(table, split)
-                writer.write("warm", warm)
-                writer.write("cold", cold)
+                tables, bucket_counts = split_tasks(table, split)
+                for name, rows in tables.items():
+                    writer.write(name, rows)
                 counts.update(bucket_counts)
         shutil.rmtree(spill, ignore_errors=True)
         _log_skips(counts, split)

@@ -1,0 +1,330 @@
+"""Reference predictors: what a team could ship without a neural model, scored on the same
+rows as the models so every evaluation table says what the models are worth.
+
+Fitted in NumPy on the training split's rows (every row of the warm tasks, what the
+baseline trains on); every setting they have is chosen on the validation split, as the
+models' settings are:
+
+- ``global mean``: the mean label (mean rating, click rate).
+- ``<feature> mean``: the damped mean label of the row's value of one feature (the item
+  for ratings, e.g. ``item_id``; for clicks the item or first feature): ``(sum + d * mean)
+  / (count + d)``, ``d`` chosen on validation; unseen values get the global mean.
+- ``<feature> mean + task offset`` (task data only): the above plus the task's mean
+  residual on its support rows, ``sum(y - m) / (n + d_task)``: the classic bias model of a
+  new user (item bias + user bias from the few rows the user gave).
+- ``logistic regression`` (binary labels): one weight per (feature, id) of every sparse
+  feature the tower reads and one per dense input, plus a bias; Adagrad on log loss with
+  an L2 penalty chosen on validation, and as many epochs as validation log loss improves.
+
+A predictor maps a task batch (Meta-IO layout, NumPy or tensors) to ``[T, Q]`` query
+predictions, or a row batch to ``[B]``, like the models' predict functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+from gmeta_tf.meta import metrics
+
+log = logging.getLogger(__name__)
+DAMPINGS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
+L2_PENALTIES = (1e-6, 1e-5, 1e-4, 1e-3)
+_EPS = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceData:
+    """What the references read: label kind, the reference feature, the features of the
+    linear model."""
+
+    kind: str                      # "binary" or "rating"
+    label: str                     # the head's label
+    feature: str                   # the reference feature (an item id, or the first feature)
+    sparse: tuple[str, ...]        # sparse / multi-hot features of the linear model
+    dense: tuple[str, ...] = ()    # dense features of the linear model
+
+
+def _rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
+    """Concatenated real rows of row batches or task batches (support and query)."""
+    names = list(names)
+    out: dict[str, list] = {n: [] for n in names}
+    for batch in batches:
+        if "support" in batch:
+            for role in ("support", "query"):
+                real = np.asarray(batch[role]["mask"]) > 0
+                for n in names:
+                    out[n].append(np.asarray(batch[role][n])[real])
+        else:
+            for n in names:
+                out[n].append(np.asarray(batch[n]))
+    return {n: np.concatenate(v) if v else np.zeros(0) for n, v in out.items()}
+
+
+def _loss(kind: str, labels: np.ndarray, predictions: np.ndarray) -> float:
+    if kind == "binary":
+        return metrics.log_loss(labels, predictions)
+    return metrics.mae(labels, predictions)
+
+
+class FeatureMean:
+    """Damped mean label per value of one feature (global mean for unseen values)."""
+
+    def __init__(self, values: np.ndarray, labels: np.ndarray, damping: float = 0.0):
+        self.global_mean = float(np.mean(labels)) if len(labels) else 0.0
+        self.keys, inverse = np.unique(values, return_inverse=True)
+        self.sums = np.bincount(inverse, weights=labels, minlength=len(self.keys))
+        self.counts = np.bincount(inverse, minlength=len(self.keys)).astype(np.float64)
+        self.damping = damping
+
+    def with_damping(self, damping: float) -> "FeatureMean":
+        other = object.__new__(FeatureMean)
+        other.__dict__.update(self.__dict__, damping=damping)
+        return other
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values)
+        at = np.clip(np.searchsorted(self.keys, values), 0, max(len(self.keys) - 1, 0))
+        known = (self.keys[at] == values) if len(self.keys) else np.zeros(values.shape, bool)
+        sums, counts = np.where(known, self.sums[at] if len(self.keys) else 0.0, 0.0), \
+            np.where(known, self.counts[at] if len(self.keys) else 0.0, 0.0)
+        denominator = counts + self.damping
+        return np.where(denominator > 0,
+                        (sums + self.damping * self.global_mean) / np.maximum(denominator, 1e-12),
+                        self.global_mean)
+
+
+def _task_offset(mean: FeatureMean, batch: Mapping, data: ReferenceData,
+                 damping: float) -> np.ndarray:
+    """``[T, 1]`` each task's damped mean residual on its support rows."""
+    support = batch["support"]
+    mask = np.asarray(support["mask"], np.float64)
+    residual = (np.asarray(support[data.label], np.float64)
+                - mean(np.asarray(support[data.feature]))) * mask
+    return (residual.sum(axis=1) / (mask.sum(axis=1) + damping))[:, None]
+
+
+def _clip(kind: str, p: np.ndarray) -> np.ndarray:
+    return np.clip(p, _EPS, 1.0 - _EPS) if kind == "binary" else p
+
+
+class LinearModel:
+    """Logistic regression on hashed one-hot sparse ids and dense inputs (NumPy, Adagrad)."""
+
+    def __init__(self, data: ReferenceData, buckets: int = 1 << 20, learning_rate: float = 0.1,
+                 l2: float = 1e-5, seed: int = 0):
+        self.data, self.buckets, self.lr, self.l2 = data, buckets, learning_rate, l2
+        self.w = np.zeros(buckets)
+        self.w_acc = np.full(buckets, 1e-8)
+        width = 0
+        self.dense_width = width
+        self.v: np.ndarray | None = None
+        self.b, self.b_acc = 0.0, 1e-8
+        self.rng = np.random.default_rng(seed)
+
+    def _features(self, rows: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]:
+        """(hashed ids [n, F], their 0/1 weights [n, F], dense inputs [n, D])."""
+        ids, weights = [], []
+        for i, name in enumerate(self.data.sparse):
+            x = np.asarray(rows[name]).astype(np.int64)
+            x = x.reshape(len(x), -1)
+            w = (x >= 0).astype(np.float64)
+            if x.shape[1] > 1:  # multi-hot: mean of the present ids, as the tower pools
+                w = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
+            with np.errstate(over="ignore"):
+                key = (x.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+                       + np.uint64(i + 1) * np.uint64(0xBF58476D1CE4E5B9))
+            ids.append((key >> np.uint64(20)) % np.uint64(self.buckets))
+            weights.append(w)
+        dense = [np.asarray(rows[n], np.float64).reshape(len(ids[0]) if ids else
+                                                         len(rows[n]), -1)
+                 for n in self.data.dense]
+        n = len(ids[0]) if ids else len(dense[0])
+        return (np.concatenate(ids, axis=1).astype(np.int64) if ids else np.zeros((n, 0), np.int64),
+                np.concatenate(weights, axis=1) if weights else np.zeros((n, 0)),
+                np.concatenate(dense, axis=1) if dense else np.zeros((n, 0)))
+
+    def _logit(self, ids, weights, dense) -> np.ndarray:
+        if self.v is None:
+            self.v = np.zeros(dense.shape[1])
+            self.v_acc = np.full(dense.shape[1], 1e-8)
+        return (self.w[ids] * weights).sum(axis=1) + dense @ self.v + self.b
+
+    def predict_rows(self, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+        z = self._logit(*self._features(rows))
+        if self.data.kind == "binary":
+            return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
+        return z
+
+    def epoch(self, features, labels: np.ndarray, batch: int = 256) -> None:
+        ids, weights, dense = features
+        order = self.rng.permutation(len(labels))
+        for lo in range(0, len(order), batch):
+            at = order[lo:lo + batch]
+            z = self._logit(ids[at], weights[at], dense[at])
+            p = 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30))) if self.data.kind == "binary" else z
+            err = (p - labels[at]) / len(at)                              # dLoss/dz
+            flat = ids[at].ravel()
+            grad_w = np.bincount(flat, weights=(err[:, None] * weights[at]).ravel(),
+                                 minlength=self.buckets)
+            touched = np.unique(flat)
+            g = grad_w[touched] + self.l2 * self.w[touched]
+            self.w_acc[touched] += g * g
+            self.w[touched] -= self.lr * g / np.sqrt(self.w_acc[touched])
+            if dense.shape[1]:
+                gv = dense[at].T @ err + self.l2 * self.v
+                self.v_acc += gv * gv
+                self.v -= self.lr * gv / np.sqrt(self.v_acc)
+            gb = float(err.sum())
+            self.b_acc += gb * gb
+            self.b -= self.lr * gb / np.sqrt(self.b_acc)
+
+
+def fit_linear(data: ReferenceData, train: Mapping[str, np.ndarray],
+               valid: Mapping[str, np.ndarray], max_epochs: int = 10,
+               seed: int = 0) -> tuple[LinearModel, dict]:
+    """The linear model with the L2 penalty and epoch count of best validation loss."""
+    labels = np.asarray(train[data.label], np.float64)
+    valid_labels = np.asarray(valid[data.label], np.float64)
+    best: tuple[float, LinearModel | None, dict] = (np.inf, None, {})
+    for l2 in L2_PENALTIES:
+        model = LinearModel(data, l2=l2, seed=seed)
+        features, valid_features = model._features(train), model._features(valid)
+        best_here, stale = np.inf, 0
+        for epoch in range(1, max_epochs + 1):
+            model.epoch(features, labels)
+            z = model._logit(*valid_features)
+            p = 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30))) if data.kind == "binary" else z
+            loss = _loss(data.kind, valid_labels, p)
+            if loss < best[0]:
+                snapshot = object.__new__(LinearModel)
+                snapshot.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v)
+                                          for k, v in model.__dict__.items()})
+                best = (loss, snapshot, {"l2": l2, "epochs": epoch, "valid_loss": loss})
+            if loss < best_here:
+                best_here, stale = loss, 0
+            else:
+                stale += 1
+                if stale >= 2:
+                    break
+    return best[1], best[2]
+
+
+Predict = Callable[[Mapping], np.ndarray]
+
+
+@dataclasses.dataclass
+class References:
+    """The fitted reference predictors (name -> predict function) and the settings each
+    chose on validation."""
+
+    predictors: dict[str, Predict]
+    chosen: dict[str, dict]
+
+
+def _task_predict(fn: Callable[[Mapping], np.ndarray]) -> Predict:
+    """A per-row function of query features -> a predict function of task or row batches."""
+    def predict(batch: Mapping) -> np.ndarray:
+        if "query" in batch:
+            query = {k: np.asarray(v) for k, v in batch["query"].items()}
+            t, q = query["mask"].shape
+            flat = {k: v.reshape(t * q, *v.shape[2:]) for k, v in query.items()}
+            return fn(flat).reshape(t, q)
+        return fn({k: np.asarray(v) for k, v in batch.items()})
+    return predict
+
+
+def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
+                   valid_batches: list[Mapping], tasks: bool, seed: int = 0) -> References:
+    """Fits every reference on the training rows, choosing its settings on validation.
+
+    Args:
+        data: Label kind, reference feature and linear-model features.
+        train_batches: Batches (row or task layout) of the training split.
+        valid_batches: Batches of the validation split: task batches (``tasks``: scored on
+            their query rows, offsets from their support rows) or row batches.
+        tasks: Whether the evaluated data are tasks with support rows.
+        seed: Seeds the linear model's batch order.
+    """
+    names = {data.label, data.feature, *data.sparse, *data.dense}
+    train = _rows(train_batches, names)
+    labels = np.asarray(train[data.label], np.float64)
+    if not len(labels):
+        raise ValueError("fit_references: the training split has no rows")
+    valid_rows = _query_rows(valid_batches, names) if tasks else _rows(valid_batches, names)
+    valid_labels = np.asarray(valid_rows[data.label], np.float64)
+    global_mean = float(labels.mean())
+    predictors: dict[str, Predict] = {
+        "global mean": _task_predict(lambda rows: np.full(len(rows[data.label]), global_mean))}
+    chosen: dict[str, dict] = {"global mean": {}}
+
+    base = FeatureMean(np.asarray(train[data.feature]).reshape(len(labels), -1)[:, 0], labels)
+
+    def first(values):
+        values = np.asarray(values)
+        return values.reshape(len(values), -1)[:, 0] if values.ndim > 1 else values
+
+    losses = {d: _loss(data.kind, valid_labels,
+                       _clip(data.kind, base.with_damping(d)(first(valid_rows[data.feature]))))
+              for d in DAMPINGS}
+    item = base.with_damping(min(losses, key=losses.get))
+    predictors[f"{data.feature} mean"] = _task_predict(
+        lambda rows: _clip(data.kind, item(first(rows[data.feature]))))
+    chosen[f"{data.feature} mean"] = {"damping": item.damping}
+
+    if tasks:
+        def offset_predict(damping: float) -> Predict:
+            def predict(batch: Mapping) -> np.ndarray:
+                batch = _numpy(batch)
+                query = batch["query"][data.feature]
+                q = query if query.ndim == 2 else query[..., 0]
+                return _clip(data.kind, item(q) + _task_offset(item, _first_slot(batch, data),
+                                                               data, damping))
+            return predict
+
+        offset_losses = {}
+        for d in DAMPINGS:
+            fn = offset_predict(d)
+            preds = np.concatenate([fn(b)[np.asarray(b["query"]["mask"]) > 0]
+                                    for b in valid_batches])
+            offset_losses[d] = _loss(data.kind, valid_labels, preds)
+        d_task = min(offset_losses, key=offset_losses.get)
+        predictors[f"{data.feature} mean + task offset"] = offset_predict(d_task)
+        chosen[f"{data.feature} mean + task offset"] = {"damping": item.damping,
+                                                         "task_damping": d_task}
+    if data.kind == "binary":
+        model, settings = fit_linear(data, train, valid_rows, seed=seed)
+        predictors["logistic regression"] = _task_predict(model.predict_rows)
+        chosen["logistic regression"] = settings
+    log.info("references fitted on %d training rows; chosen on %d validation rows: %s",
+             len(labels), len(valid_labels), chosen)
+    return References(predictors, chosen)
+
+
+def _numpy(batch: Mapping) -> dict:
+    return {k: ({kk: np.asarray(vv) for kk, vv in v.items()} if isinstance(v, Mapping)
+                else np.asarray(v)) for k, v in batch.items()}
+
+
+def _first_slot(batch: dict, data: ReferenceData) -> dict:
+    """The support rows with the reference feature reduced to its first slot."""
+    support = dict(batch["support"])
+    v = support[data.feature]
+    if v.ndim == 3:
+        support[data.feature] = v[..., 0]
+    return {**batch, "support": support}
+
+
+def _query_rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
+    """The real query rows of task batches."""
+    names = list(names)
+    out: dict[str, list] = {n: [] for n in names}
+    for batch in batches:
+        real = np.asarray(batch["query"]["mask"]) > 0
+        for n in names:
+            out[n].append(np.asarray(batch["query"][n])[real])
+    return {n: np.concatenate(v) for n, v in out.items()}

@@ -1,0 +1,122 @@
+"""Choosing checkpoints on the validation split: each model's best step, early stopping.
+
+``Selection`` keeps, per trained model ("model", and "baseline" when one is trained beside
+it), the step with the best validation metric so far, the evaluations since any model last
+improved, and every evaluation's metrics. Rank 0 writes it after each evaluation to
+``<checkpoint_dir>/BEST.json`` (atomically), so ``gmeta eval`` / ``gmeta export`` restore
+each model's best checkpoint, pruning keeps those checkpoints, and ``--resume`` goes on
+with the same patience count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from pathlib import Path
+
+from gmeta_tf import checkpoint
+from gmeta_tf.training.evaluation import improves
+
+log = logging.getLogger(__name__)
+BEST_FILE = "BEST.json"
+
+
+@dataclasses.dataclass
+class Best:
+    """A model's best validation result so far."""
+
+    step: int
+    value: float
+    metrics: dict[str, float]
+
+
+@dataclasses.dataclass
+class Selection:
+    """Best steps per model and the early-stopping count.
+
+    Args:
+        metric: The metric that chooses (``gmeta_tf.training.evaluation.selection_metric``).
+        patience: Evaluations without any model improving before training stops (0: never).
+    """
+
+    metric: str
+    patience: int = 0
+    best: dict[str, Best] = dataclasses.field(default_factory=dict)
+    stale: int = 0
+    history: list[dict] = dataclasses.field(default_factory=list)
+
+    def update(self, step: int, results: dict[str, dict[str, float]]) -> list[str]:
+        """Records one evaluation; returns the models that improved at this step."""
+        improved = []
+        for name, metrics in results.items():
+            value = metrics.get(self.metric, math.nan)
+            previous = self.best.get(name)
+            if improves(self.metric, value, previous.value if previous else None):
+                self.best[name] = Best(step, float(value), dict(metrics))
+                improved.append(name)
+        self.stale = 0 if improved else self.stale + 1
+        self.history.append({"step": step, **{n: m for n, m in results.items()}})
+        return improved
+
+    @property
+    def should_stop(self) -> bool:
+        return bool(self.patience) and self.stale >= self.patience
+
+    @property
+    def protected_steps(self) -> set[int]:
+        return {b.step for b in self.best.values()}
+
+    def to_dict(self) -> dict:
+        return {"metric": self.metric, "patience": self.patience, "stale": self.stale,
+                "best": {n: dataclasses.asdict(b) for n, b in self.best.items()},
+                "history": self.history}
+
+    def save(self, checkpoint_dir: str | Path) -> None:
+        """Writes ``BEST.json`` atomically (call on one rank)."""
+        path = Path(checkpoint_dir) / BEST_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_dict(), indent=1, default=float)
+        checkpoint.write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+
+    @classmethod
+    def load(cls, checkpoint_dir: str | Path, metric: str, patience: int,
+             up_to_step: int | None = None) -> "Selection":
+        """The selection saved in ``checkpoint_dir`` (a fresh one if none, or if it chose
+        on another metric), replayed up to ``up_to_step`` (a resumed run forgets the
+        evaluations after the checkpoint it restarts from)."""
+        selection = cls(metric, patience)
+        path = Path(checkpoint_dir) / BEST_FILE
+        if not path.is_file():
+            return selection
+        try:
+            saved = json.loads(path.read_text())
+            history = list(saved["history"])
+            saved_metric = saved["metric"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("%s is unreadable (%s): choosing best checkpoints anew", path, err)
+            return selection
+        if saved_metric != metric:
+            log.warning("%s chose on %s, this run on %s: choosing best checkpoints anew",
+                        path, saved_metric, metric)
+            return selection
+        for entry in history:
+            if up_to_step is not None and entry.get("step", 0) > up_to_step:
+                break
+            selection.update(entry["step"], {k: v for k, v in entry.items() if k != "step"})
+        return selection
+
+
+def best_checkpoints(checkpoint_dir: str | Path) -> dict[str, dict]:
+    """``{model name: {"step", "value", "metrics"}}`` from ``BEST.json`` ({} without one),
+    plus ``"metric"`` naming what chose them."""
+    path = Path(checkpoint_dir) / BEST_FILE
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text())
+        return {"metric": saved["metric"], **saved["best"]}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("%s is unreadable (%s): using the latest checkpoint", path, err)
+        return {}
