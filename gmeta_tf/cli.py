@@ -6,6 +6,7 @@ Verbs::
     gmeta data movielens ../shared/data/ml-100k out/ml   # any gmeta-data command, as is
     horovodrun -np 2 -H localhost:2 gmeta train --config default [--resume | --fresh]
     horovodrun -np 2 -H localhost:2 gmeta train --config criteo --staleness 2   # hybrid
+    gmeta tune --config default --trials 12      # settings chosen on the validation split
     gmeta eval --config default                  # cold-start tasks: meta model vs baseline
     gmeta export --config default                # SavedModel for stock TensorFlow Serving
     gmeta config --config default --set train.steps=10   # print the checked config
@@ -30,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from gmeta_tf.config import ConfigError, PipelineConfig, load_config  # noqa: E402
 
 log = logging.getLogger("gmeta")
-VERBS = ("train", "eval", "export", "data", "config")
+VERBS = ("train", "tune", "eval", "export", "data", "config")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,6 +49,18 @@ def _parser() -> argparse.ArgumentParser:
                        help="hybrid training with embedding lookups up to S batches ahead of "
                             "their updates (same as --set train.hybrid.staleness=S; plain CTR "
                             "models only)")
+    tu = _with_config(sub.add_parser(
+        "tune", help="choose the meta model's and the baseline's settings on the validation "
+                     "split (Optuna), written to <run_dir>/tuned.yaml"))
+    tu.add_argument("--trials", type=int, default=12,
+                    help="trials per study: the meta model and the baseline get as many "
+                         "(default 12)")
+    tu.add_argument("--np", dest="np_", type=int, default=1,
+                    help="ranks per trial (horovodrun on this host; default 1)")
+    tu.add_argument("--patience", type=int, default=3,
+                    help="a trial stops after this many validations without improving "
+                         "(default 3)")
+    tu.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     ev = _with_config(sub.add_parser(
         "eval", help="score the cold split and eval data: models, baseline, references"))
     ev.add_argument("--checkpoint", help="checkpoint directory (default: each model's best on "
@@ -90,12 +103,10 @@ def _config(args: argparse.Namespace) -> PipelineConfig:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from gmeta_tf.training import Trainer, prepare_dataset
-    from gmeta_tf.training.dataset_prep import dataset_exists
+    from gmeta_tf.training import Trainer
 
     config = _config(args)
-    if not dataset_exists(config.data.path):
-        _prepare_once(config)
+    _prepare_once(config)  # makes the dataset, or again if made with other parameters
     Trainer(config, resume=args.resume, fresh=args.fresh).run()
     return 0
 
@@ -109,6 +120,19 @@ def _prepare_once(config: PipelineConfig) -> None:
     if distributed.is_chief():
         prepare_dataset(config)
     distributed.barrier()
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from gmeta_tf.training.tuning import tune
+
+    for name, value in (("--trials", args.trials), ("--np", args.np_),
+                        ("--patience", args.patience)):
+        if value < 1:
+            raise ConfigError(f"gmeta tune {name} {value} is not allowed: expected >= 1")
+    summary = tune(args.config or "default", list(args.overrides), args.trials, args.np_,
+                   args.patience, args.seed)
+    print(json.dumps(summary, indent=1))
+    return 0
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -167,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if verb_args is None:
             return run_data(argv[1:])
-        runner = {"train": run_train, "eval": run_eval, "export": run_export,
+        runner = {"train": run_train, "tune": run_tune, "eval": run_eval,
+                  "export": run_export,
                   "config": run_config}[verb_args.verb]
         return runner(verb_args)
     except ConfigError as err:

@@ -20,7 +20,9 @@ Example::
 from __future__ import annotations
 
 import collections.abc
+import copy
 import dataclasses
+import logging
 import math
 import os
 import types
@@ -142,8 +144,10 @@ class ModelConfig:
     """Tables, tower and head.
 
     ``tower: dlrm`` reads ``sparse_features`` (default: every feature of the tables) and
-    ``dense_features`` (name -> width); ``tower: melu`` reads ``item_features`` then
-    ``user_features``. Multi-hot features are mean-pooled.
+    ``dense_features`` (name -> width), and with ``linear`` (default) adds the first-order
+    term (a weight per id and per dense input, as a logistic regression has) to its logit;
+    ``tower: melu`` reads ``item_features`` then ``user_features``. Multi-hot features are
+    mean-pooled.
     """
 
     tower: Literal["dlrm", "melu"] = "dlrm"
@@ -156,6 +160,7 @@ class ModelConfig:
     hidden_units: tuple[int, ...] = (64, 64)
     bottom_units: tuple[int, ...] = (64,)
     top_units: tuple[int, ...] = (64, 32)
+    linear: bool = True
     head: HeadSection = HeadSection()
     seed: int = 0
 
@@ -304,13 +309,19 @@ def resolve_pipeline(name_or_path: str | os.PathLike | None) -> Path:
                       f"ready pipelines: {ready}")
 
 
+#: Settings ``gmeta tune`` chose, in the run directory; applied under ``--set`` overrides.
+TUNED_FILE = "tuned.yaml"
+
+
 def load_config(name_or_path: str | os.PathLike | None = None,
-                overrides: Sequence[str] = ()) -> PipelineConfig:
+                overrides: Sequence[str] = (), tuned: bool = True) -> PipelineConfig:
     """Loads, overrides and checks a pipeline config.
 
     Args:
         name_or_path: A YAML file, or a ready pipeline's name (default "default").
         overrides: ``"key.sub=value"`` strings, values parsed as YAML.
+        tuned: Apply ``<run_dir>/tuned.yaml`` (settings ``gmeta tune`` chose) when it
+            exists: over the file's values, under ``overrides``.
 
     Returns:
         The checked config; relative paths in it are made absolute against the current
@@ -332,10 +343,40 @@ def load_config(name_or_path: str | os.PathLike | None = None,
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path}: expected a mapping at the top, got "
                           f"{type(raw).__name__}")
+    if tuned:
+        _apply_tuned(raw, overrides)
     for item in overrides:
         apply_override(raw, item)
     config = from_dict(raw)
     return _absolute_paths(config, Path.cwd())
+
+
+def _apply_tuned(raw: dict, overrides: Sequence[str]) -> None:
+    probe = copy.deepcopy(raw)
+    for item in overrides:
+        apply_override(probe, item)
+    run_dir = probe.get("run_dir") or PipelineConfig.run_dir
+    path = Path(str(run_dir)) / TUNED_FILE
+    if not path.is_file():
+        return
+    try:
+        settings = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
+        raise ConfigError(f"tuned settings {path}: unreadable ({err}); fix or delete it "
+                          f"(gmeta tune writes it)") from err
+    if not isinstance(settings, dict):
+        raise ConfigError(f"tuned settings {path}: expected a mapping, got "
+                          f"{type(settings).__name__}")
+    _merge(raw, settings)
+    logging.getLogger(__name__).info("using the settings gmeta tune chose: %s", path)
+
+
+def _merge(into: dict, settings: Mapping) -> None:
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
 
 
 def from_dict(raw: Mapping[str, Any]) -> PipelineConfig:

@@ -79,7 +79,7 @@ class MetaModel(tf.keras.Model):
         if not self.config.inner_lr_per_element:
             return steps
         if name in self.adapter.embedding_fast:
-            return steps + [self.tower.embedding_dim]
+            return steps + [self.tower.input_width]
         return steps + self.tower.params()[name].shape.as_list()
 
     @property

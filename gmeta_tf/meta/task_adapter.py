@@ -72,7 +72,7 @@ class TaskAdapter:
             w = params[n]
             fast[n] = tf.broadcast_to(w, tf.concat([[num_tasks], tf.shape(w)], axis=0))
         for n in self.embedding_fast:
-            fast[n] = tf.zeros([num_pairs[n[len(EMBEDDING_PREFIX):]], self.tower.embedding_dim])
+            fast[n] = tf.zeros([num_pairs[n[len(EMBEDDING_PREFIX):]], self.tower.input_width])
         return fast
 
     def outputs(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],

@@ -20,6 +20,12 @@ class DLRMTower(Tower):
     logit. Without dense features the interactions are among the embeddings only and the
     top MLP also sees the embeddings themselves (DeepFM's deep part).
 
+    With ``linear`` the tower also has the first-order term of a factorization machine (the
+    "wide" part of DeepFM, a logistic regression inside the model): each embedded row
+    carries one more column, its id's linear weight, and the logit adds the sum of the
+    features' weights (a multi-hot feature's pooled one) plus a linear map of the dense
+    features. The tower then reads rows of ``embedding_dim + 1`` (``input_width``).
+
     Args:
         sparse_features: Embedded feature names.
         embedding_dim: Width of every embedding (and of the bottom MLP's output).
@@ -27,6 +33,7 @@ class DLRMTower(Tower):
         bottom_units: Hidden widths of the bottom MLP (its last layer has ``embedding_dim``).
         top_units: Hidden widths of the top MLP (its last layer has 1 unit).
         seed: Initializer seed.
+        linear: Add the first-order term (see above).
 
     Example::
 
@@ -37,14 +44,19 @@ class DLRMTower(Tower):
     def __init__(self, sparse_features: Sequence[str], embedding_dim: int,
                  dense_features: Mapping[str, int] | None = None,
                  bottom_units: Sequence[int] = (64,), top_units: Sequence[int] = (64, 32),
-                 seed: int = 0, **kwargs):
+                 seed: int = 0, linear: bool = False, **kwargs):
         super().__init__(sparse_features, embedding_dim, dense_features, seed, **kwargs)
+        self.linear = bool(linear)
         self.bottom_units = tuple(int(u) for u in bottom_units)
         self.top_units = tuple(int(u) for u in top_units)
         vectors = len(self.sparse_features) + (1 if self.dense_features else 0)
         upper = np.triu_indices(vectors, k=1)
         self._pairs = tf.constant(upper[0] * vectors + upper[1], tf.int32)
         self._num_vectors = vectors
+
+    @property
+    def input_width(self) -> int:
+        return self.embedding_dim + (1 if self.linear else 0)
 
     @property
     def _top_input_width(self) -> int:
@@ -61,10 +73,15 @@ class DLRMTower(Tower):
                                           (*self.bottom_units, self.embedding_dim), self.seed))
         params.update(add_dense_stack(self, "top", self._top_input_width, (*self.top_units, 1),
                                       self.seed + 1))
+        if self.linear and self.dense_features:
+            width = sum(self.dense_features.values())
+            params["linear/dense"] = self.add_weight(name="linear/dense", shape=[width],
+                                                     initializer="zeros")
         return params
 
     def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
-        vectors = [features[f] for f in self.sparse_features]
+        rows = [features[f] for f in self.sparse_features]
+        vectors = [r[..., :self.embedding_dim] for r in rows] if self.linear else rows
         dense_in = self._dense_input(features)
         if dense_in is not None:
             bottom = apply_dense_stack(params, "bottom", len(self.bottom_units) + 1, dense_in)
@@ -78,9 +95,15 @@ class DLRMTower(Tower):
         interactions = tf.gather(flat, self._pairs, axis=-1)  # [..., V(V-1)/2]
         x = tf.concat([passthrough, interactions], axis=-1)
         x = apply_dense_stack(params, "top", len(self.top_units) + 1, x, activate_last=False)
-        return tf.squeeze(x, axis=-1)
+        logit = tf.squeeze(x, axis=-1)
+        if self.linear:
+            logit += tf.add_n([r[..., self.embedding_dim] for r in rows])
+            if dense_in is not None:
+                logit += tf.reduce_sum(dense_in * params["linear/dense"], axis=-1)
+        return logit
 
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update(bottom_units=list(self.bottom_units), top_units=list(self.top_units))
+        config.update(bottom_units=list(self.bottom_units), top_units=list(self.top_units),
+                      linear=self.linear)
         return config

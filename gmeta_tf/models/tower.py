@@ -40,6 +40,12 @@ class Tower(tf.keras.layers.Layer):
         self._params: dict[str, tf.Variable] = {}
 
     @property
+    def input_width(self) -> int:
+        """Width of each embedded feature the tower reads (``embedding_dim``, plus any
+        columns a subclass reads besides the vector, e.g. DLRM's linear weight)."""
+        return self.embedding_dim
+
+    @property
     def feature_names(self) -> tuple[str, ...]:
         """Every input the tower reads: sparse (embedded) then dense."""
         return self.sparse_features + tuple(self.dense_features)

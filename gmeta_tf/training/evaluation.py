@@ -188,58 +188,61 @@ def improves(metric: str, value: float, best: float | None, min_delta: float = 0
     return value < best - min_delta
 
 
-def validation_metrics(models: Models, config: PipelineConfig) -> dict[str, dict[str, float]]:
-    """Each trained model scored on the validation split, the same on every rank.
+class Validator:
+    """Scores the trained models on the validation split, the same figures on every rank.
 
-    Every rank scores its share of the split (all ranks run the same number of batches,
-    as the embedding's all-to-alls need; ``train.eval_batches`` caps them), then the
-    scored rows are gathered. Returns ``{"model": metrics, "baseline": metrics}`` (no
-    baseline key without one); metrics are ``auc``, ``task_auc``, ``ndcg@k``,
-    ``logloss`` or ``mae``, ``tasks`` and ``rows``; empty when the split has no rows.
+    Every rank scores all tasks (or rows) of its share of the split; ranks whose share
+    needs fewer batches repeat their last one and drop its scores, so all ranks make the
+    same number of calls (the embedding's all-to-alls need it). ``train.eval_batches``
+    caps the batches per rank. The scored rows are then gathered over ranks. The predict
+    functions are traced once, at the first evaluation.
+
+    Calling it returns ``{"model": metrics, "baseline": metrics}`` (no baseline key
+    without one); metrics are ``auc``, ``task_auc``, ``ndcg@k``, ``logloss`` or ``mae``,
+    ``tasks`` and ``rows``; empty when the split has no rows.
     """
-    split, limit = config.train.validation_split, config.train.eval_batches
-    labels = _labels(config, models)
-    kind, k = models.model.head.kind, config.eval.ndcg_k
-    contenders: dict[str, Callable[[], ScoredRows]] = {}
-    if models.is_meta:
-        def batches():
-            ds = task_batches(config, split, equal_steps=True)
-            return ds.take(limit) if limit else ds
 
-        contenders["model"] = lambda: score_tasks(meta_predict(models.model), batches(), labels)
-        if models.baseline is not None:
-            contenders["baseline"] = lambda: score_tasks(
-                fine_tune_predict(models.baseline, config), batches(), labels)
-    else:
-        contenders["model"] = lambda: score_rows(row_predict(models.model),
-                                                 _equal_row_batches(config, split, limit),
-                                                 labels)
-    out = {}
-    for name, score in contenders.items():
-        scored = score().gathered()
-        if len(scored.prediction):
-            out[name] = report(scored, kind, k).overall
-    return out
+    def __init__(self, models: Models, config: PipelineConfig):
+        self.models, self.config = models, config
+        self.labels = _labels(config, models)
+        self.kind, self.k = models.model.head.kind, config.eval.ndcg_k
+        self.tasks = models.is_meta
+        self.predictors: dict[str, PredictFn] = {}
+        if self.tasks:
+            self.predictors["model"] = meta_predict(models.model)
+            if models.baseline is not None:
+                self.predictors["baseline"] = fine_tune_predict(models.baseline, config)
+        else:
+            self.predictors["model"] = row_predict(models.model)
+        self._batches: list | None = None
 
+    def _load(self) -> list:
+        split, limit = self.config.train.validation_split, self.config.train.eval_batches
+        dataset = split_dataset(self.config, split)
+        if self.tasks:
+            ds = dataset.tasks(self.config.eval.tasks_per_batch, None, None, equal_steps=False)
+        else:
+            ds = dataset.rows(self.config.data.batch_size)
+        batches = list(ds.take(limit) if limit else ds)
+        count = int(distributed.allgather(np.array([len(batches)], np.int64)).max())
+        if count and not batches:
+            raise ValueError(f"{dataset.path}: rank {dataset.rank} has no rows of the "
+                             f"{split!r} split while another rank has; the split has too few "
+                             f"blocks for {dataset.size} ranks")
+        return [(b, True) for b in batches] + [(batches[-1], False)] * (count - len(batches))
 
-def _equal_row_batches(config: PipelineConfig, split: str, limit: int | None):
-    """Row batches of a split with the same number of batches on every rank (an empty one
-    where a rank has run out), every row of the split scored once."""
-    dataset = split_dataset(config, split)
-    batches = list(dataset.rows(config.data.batch_size).take(limit) if limit
-                   else dataset.rows(config.data.batch_size))
-    count = int(distributed.allgather(np.array([len(batches)], np.int64)).max())
-    if batches:
-        empty = {k: v[:0] for k, v in batches[0].items()}
-    else:
-        empty = _empty_rows(dataset)
-    return batches + [empty] * (count - len(batches))
-
-
-def _empty_rows(dataset: meta_io.TaskDataset) -> dict:
-    for batch in dataset.rows(1).take(1):
-        return {k: v[:0] for k, v in batch.items()}
-    raise ValueError(f"{dataset.path}: split {dataset.split!r} has no rows")
+    def __call__(self) -> dict[str, dict[str, float]]:
+        if self._batches is None:  # read once: the split does not change during training
+            self._batches = self._load()
+        score = score_tasks if self.tasks else score_rows
+        out = {}
+        for name, predict in self.predictors.items():
+            parts = [score(predict, [batch], self.labels) for batch, _ in self._batches]
+            kept = ScoredRows.concat([p for p, (_, real) in zip(parts, self._batches) if real])
+            scored = kept.gathered()
+            if len(scored.prediction):
+                out[name] = report(scored, self.kind, self.k).overall
+        return out
 
 
 # ---- final evaluation (gmeta eval) -------------------------------------------------------

@@ -82,7 +82,7 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> Sha
         optimizer = {"name": spec.optimizer, "learning_rate": spec.learning_rate}
         cache = (MixCacheConfig(spec.cache.capacity, spec.cache.min_count,
                                 spec.cache.rebalance_every) if spec.cache is not None else None)
-        tables.append(TableConfig(table, model.embedding_dim, optimizer=optimizer,
+        tables.append(TableConfig(table, embedding_width(model), optimizer=optimizer,
                                   admit_after=spec.admit_after, init_scale=spec.init_scale,
                                   seed=model.seed, cache=cache))
         features += [FeatureConfig(f, table, combiner="mean" if f in multi_hot else None)
@@ -93,6 +93,11 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> Sha
         raise ConfigError(f"config section 'model.tables' is not allowed: {err}") from err
 
 
+def embedding_width(model: ModelConfig) -> int:
+    """Columns of every table row: the embedding, plus DLRM's linear weight."""
+    return model.embedding_dim + (1 if model.tower == "dlrm" and model.linear else 0)
+
+
 def make_tower(model: ModelConfig, name: str) -> Tower:
     """The dense tower of the config."""
     if model.tower == "melu":
@@ -100,7 +105,7 @@ def make_tower(model: ModelConfig, name: str) -> Tower:
                          model.hidden_units, seed=model.seed, name=name)
     return DLRMTower(tower_sparse_features(model), model.embedding_dim,
                      dict(model.dense_features) or None, model.bottom_units, model.top_units,
-                     seed=model.seed, name=name)
+                     seed=model.seed, linear=model.linear, name=name)
 
 
 def make_head(model: ModelConfig) -> Head:

@@ -51,7 +51,7 @@ from gmeta_tf.embedding.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.training.devices import configure_devices
-from gmeta_tf.training.evaluation import selection_metric, validation_metrics
+from gmeta_tf.training.evaluation import Validator, selection_metric
 from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
 from gmeta_tf.training.progress import ProgressBar
 from gmeta_tf.training.selection import Selection
@@ -116,6 +116,7 @@ class Trainer:
         self.placement = configure_devices()
         self.ckpt_dir = Path(config.checkpoint_dir)
         self._cache_base: dict[str, dict[str, float]] = {}  # cache counters at the last report
+        self._validator: Validator | None = None
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -370,7 +371,9 @@ class Trainer:
         """Scores the models on the validation split; returns the main model's metrics and
         the models that improved on their best."""
         split = self.config.train.validation_split
-        results = validation_metrics(models, self.config)
+        if self._validator is None:
+            self._validator = Validator(models, self.config)
+        results = self._validator()
         if not results:
             log.warning("step %d validation: the %s split has no rows; nothing scored",
                         step, split)

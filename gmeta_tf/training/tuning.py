@@ -1,0 +1,234 @@
+"""``gmeta tune``: choose a pipeline's settings on its own validation split (Optuna).
+
+Two studies run side by side with the same number of trials: one searches the meta
+model's settings, the other the baseline's, so neither contender gets a larger tuning
+budget. Each trial is one ``gmeta train`` run (a child process: a failed or diverged trial
+costs only itself) in ``<run_dir>/tune/trial-<n>``, training the meta model and the
+baseline beside it on the same batches; each model is scored on the validation split
+every ``train.eval_every`` steps and its best score (``train.select_metric``) is its
+trial's value, with early stopping (``tune.patience``) ending runs that stopped
+improving. The cold split is never read.
+
+Search spaces (ranges in ``SEARCH_SPACE`` below): the meta model's inner steps k, inner
+rate, learned inner rates (none, per tensor, per element, each optionally per step:
+Meta-SGD / MAML++), multi-step loss and outer learning rate; the baseline's learning rate,
+fine-tuning rate and fine-tuning steps (the same range as k). A plain CTR pipeline
+(``meta.enabled: false``) searches its learning rate, its tables' learning rate and its
+batch size.
+
+The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train``,
+``eval`` and ``export`` of that pipeline apply (below any ``--set``); every trial goes to
+``<run_dir>/tune/trials.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from gmeta_tf.config import ConfigError, PipelineConfig, load_config
+from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, selection_metric
+
+log = logging.getLogger(__name__)
+TUNED_FILE = "tuned.yaml"
+INNER_RATE_MODES = {  # learn_inner_lr, inner_lr_per_element, inner_lr_per_step
+    "fixed": (False, False, False), "per_tensor": (True, False, False),
+    "per_element": (True, True, False), "per_tensor_per_step": (True, False, True),
+    "per_element_per_step": (True, True, True)}
+
+
+def _meta_space(trial, config: PipelineConfig) -> dict[str, Any]:
+    mode = trial.suggest_categorical("inner_rates", list(INNER_RATE_MODES))
+    learn, per_element, per_step = INNER_RATE_MODES[mode]
+    settings = {
+        "meta.inner_steps": trial.suggest_int("inner_steps", 1, 5),
+        "meta.inner_lr": trial.suggest_float("inner_lr", 1e-3, 3.0, log=True),
+        "meta.learn_inner_lr": learn, "meta.inner_lr_per_element": per_element,
+        "meta.inner_lr_per_step": per_step,
+        "train.learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True),
+    }
+    if config.meta.algorithm != "reptile":
+        settings["meta.multi_step_loss"] = trial.suggest_categorical("multi_step_loss",
+                                                                     [0, 100, 300])
+    return settings
+
+
+def _baseline_space(trial, config: PipelineConfig) -> dict[str, Any]:
+    return {
+        "train.baseline_learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2,
+                                                            log=True),
+        "eval.baseline_lr": trial.suggest_float("fine_tune_lr", 1e-3, 3.0, log=True),
+        "eval.baseline_steps": trial.suggest_int("fine_tune_steps", 1, 5),
+    }
+
+
+def _ctr_space(trial, config: PipelineConfig) -> dict[str, Any]:
+    settings = {
+        "train.learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True),
+        "data.batch_size": trial.suggest_categorical("batch_size", [64, 128, 256, 512]),
+    }
+    table_lr = trial.suggest_float("table_learning_rate", 1e-3, 0.3, log=True)
+    for table in config.model.tables:
+        settings[f"model.tables.{table}.learning_rate"] = table_lr
+    return settings
+
+
+#: The searched keys per study (documentation; the functions above define the ranges).
+SEARCH_SPACE: dict[str, Callable] = {"model": _meta_space, "baseline": _baseline_space,
+                                     "ctr": _ctr_space}
+
+
+@dataclasses.dataclass
+class TrialResult:
+    number: int
+    settings: dict[str, dict[str, Any]]
+    values: dict[str, float]
+    best_steps: dict[str, int]
+    status: str
+
+
+def _train_command(config_arg: str, overrides: list[str], np_: int) -> list[str]:
+    command = [sys.executable, "-m", "gmeta_tf.cli", "train", "--config", config_arg, "--fresh"]
+    for item in overrides:
+        command += ["--set", item]
+    if np_ > 1:
+        horovodrun = Path(sys.executable).with_name("horovodrun")
+        command = [str(horovodrun), "-np", str(np_), "-H", f"localhost:{np_}",
+                   "--gloo-timeout-seconds", "120", *command]
+    return command
+
+
+def _yaml_value(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+
+
+def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
+              settings: dict[str, Any], np_: int, patience: int) -> tuple[dict, dict, str]:
+    """Trains one trial as a child process; returns (values, best steps, status)."""
+    if trial_dir.exists():
+        shutil.rmtree(trial_dir)
+    overrides = list(base_overrides) + [
+        f"run_dir={trial_dir}", f"export.dir={trial_dir}/export",
+        f"train.patience={patience}", "train.keep_checkpoints=1"]
+    overrides += [f"{k}={_yaml_value(v)}" for k, v in settings.items()]
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    trial_dir.mkdir(parents=True)
+    with open(trial_dir / "train.log", "w") as out:
+        code = subprocess.run(_train_command(config_arg, overrides, np_), stdout=out,
+                              stderr=subprocess.STDOUT, env=env).returncode
+    best_file = trial_dir / "checkpoints" / "BEST.json"
+    if code != 0 or not best_file.is_file():
+        tail = (trial_dir / "train.log").read_text(errors="replace")[-600:]
+        return {}, {}, f"failed (exit {code}): {tail}"
+    best = json.loads(best_file.read_text())["best"]
+    values = {n: float(b["value"]) for n, b in best.items()}
+    steps = {n: int(b["step"]) for n, b in best.items()}
+    # Only the scores are kept: the trial's checkpoints are not needed any more.
+    shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)
+    return values, steps, "ok"
+
+
+def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
+         patience: int = 3, seed: int = 0) -> dict:
+    """Runs the studies and writes ``tuned.yaml``; returns the summary.
+
+    Args:
+        config_arg: The pipeline (file or ready name), as ``gmeta train`` takes it.
+        overrides: ``--set`` overrides of the pipeline, applied to every trial.
+        trials: Trials per study (each trial trains every contender once).
+        np_: Ranks per trial (horovodrun for more than one).
+        patience: Early-stopping patience of each trial, in evaluations.
+        seed: Seed of the samplers.
+    """
+    import optuna
+
+    config = load_config(config_arg, overrides, tuned=False)
+    if not config.train.eval_every:
+        raise ConfigError("config key 'train.eval_every' = 0 is not allowed for gmeta tune: "
+                          "expected > 0 (trials are scored on the validation split)")
+    metric = selection_metric(config)
+    direction = "maximize" if metric.split("@")[0] in HIGHER_IS_BETTER else "minimize"
+    if config.meta.enabled:
+        spaces = {"model": _meta_space}
+        if config.train.baseline:
+            spaces["baseline"] = _baseline_space
+    else:
+        spaces = {"model": _ctr_space}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    studies = {name: optuna.create_study(direction=direction, study_name=name,
+                                         sampler=optuna.samplers.TPESampler(seed=seed + i))
+               for i, name in enumerate(spaces)}
+    root = Path(config.run_dir) / "tune"
+    root.mkdir(parents=True, exist_ok=True)
+    results: list[TrialResult] = []
+    for number in range(trials):
+        asked = {name: study.ask() for name, study in studies.items()}
+        settings = {name: spaces[name](trial, config) for name, trial in asked.items()}
+        merged = {k: v for s in settings.values() for k, v in s.items()}
+        log.info("trial %d/%d: %s", number + 1, trials, merged)
+        values, steps, status = run_trial(config_arg, overrides, root / f"trial-{number}",
+                                          merged, np_, patience)
+        for name, study in studies.items():
+            value = values.get(name)
+            if value is None or math.isnan(value):
+                study.tell(asked[name], state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(asked[name], value)
+        results.append(TrialResult(number, settings, values, steps, status))
+        log.info("trial %d: %s validation %s %s", number + 1, status, metric,
+                 {n: round(v, 4) for n, v in values.items()})
+        _write_trials(root / "trials.json", metric, results)
+    chosen = {}
+    for name, study in studies.items():
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if not done:
+            raise ConfigError(f"gmeta tune: every trial of the {name} failed; see "
+                              f"{root}/trial-*/train.log")
+        best = results[study.best_trial.number]
+        chosen[name] = {"trial": best.number, "value": best.values[name],
+                        "best_step": best.best_steps.get(name), "settings": best.settings[name]}
+    summary = {"metric": metric, "trials": trials, "chosen": chosen,
+               "split": config.train.validation_split}
+    write_tuned(config, summary)
+    return summary
+
+
+def _write_trials(path: Path, metric: str, results: list[TrialResult]) -> None:
+    from gmeta_tf.checkpoint import write_atomically
+
+    text = json.dumps({"metric": metric, "trials": [dataclasses.asdict(r) for r in results]},
+                      indent=1, default=str)
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_tuned(config: PipelineConfig, summary: dict) -> Path:
+    """Writes the chosen settings as a nested YAML mapping ``<run_dir>/tuned.yaml``."""
+    from gmeta_tf.checkpoint import write_atomically
+
+    nested: dict = {}
+    for name, chosen in summary["chosen"].items():
+        for key, value in chosen["settings"].items():
+            node = nested
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+    lines = [f"# Chosen by gmeta tune on the '{summary['split']}' split by validation "
+             f"{summary['metric']}, {summary['trials']} trials per study:"]
+    lines += [f"#   {n}: trial {c['trial']}, {summary['metric']} {c['value']:.4f} (best step "
+              f"{c['best_step']})" for n, c in summary["chosen"].items()]
+    text = "\n".join(lines) + "\n" + yaml.safe_dump(nested, sort_keys=True)
+    path = Path(config.run_dir) / TUNED_FILE
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+    log.info("wrote %s", path)
+    return path
