@@ -64,7 +64,7 @@ class SplitSection:
     valid_fraction: float | None = dataclasses.field(default=None, metadata={"min": 0.0,
                                                                               "max": 0.9})
     query_size: int | None = dataclasses.field(default=None, metadata={"min": 0})
-    min_rows: int | None = dataclasses.field(default=None, metadata={"min": 2})
+    min_rows: int | None = dataclasses.field(default=None, metadata={"min": 1})
     max_rows: int | None = dataclasses.field(default=None, metadata={"min": 2})
     query_selection: Literal["random", "last"] | None = None
 

@@ -90,7 +90,7 @@ def evaluate_tasks(predict: PredictFn, batches: Iterable[Mapping], head: Head, k
 
 def report_from_rows(task_ids: np.ndarray, predictions: np.ndarray, labels: np.ndarray,
                      binary: np.ndarray, relevance: np.ndarray, kind: str,
-                     k: int = 3) -> EvaluationReport:
+                     k: int = 3, per_task: bool = True) -> EvaluationReport:
     """The metrics of scored rows, each row tagged with its task (rows of a task need not
     be adjacent; tasks are reported in order of first appearance).
 
@@ -99,6 +99,8 @@ def report_from_rows(task_ids: np.ndarray, predictions: np.ndarray, labels: np.n
             the prediction, the head's label, the 0/1 label of AUC, the relevance of nDCG.
         kind: The head's kind, "binary" (log loss) or "rating" (MAE).
         k: The k of nDCG@k.
+        per_task: Also the per-task metrics (task_auc, nDCG@k); off for row data, whose
+            "tasks" are single rows.
     """
     task_ids = np.asarray(task_ids, np.int64)
     if not len(task_ids):
@@ -110,6 +112,13 @@ def report_from_rows(task_ids: np.ndarray, predictions: np.ndarray, labels: np.n
     group = position[inverse.ravel()]
     rows_of = np.split(np.argsort(group, kind="stable"), np.cumsum(np.bincount(group))[:-1])
     pred = np.asarray(predictions, np.float64)
+    if not per_task:
+        overall = {"auc": metrics.auc(binary, pred), "rows": int(len(pred))}
+        if kind == "binary":
+            overall["logloss"] = metrics.log_loss(labels, pred)
+        else:
+            overall["mae"] = metrics.mae(labels, pred)
+        return EvaluationReport(overall, {})
     per_task = {
         "task_id": task_ids[first[order]],
         "auc": np.array([metrics.auc(binary[r], pred[r]) for r in rows_of]),

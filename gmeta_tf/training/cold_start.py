@@ -105,6 +105,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         "table": printable text, "file": where it was written}``.
     """
     from gmeta_tf.training.dataset_prep import eval_dataset
+    from gmeta_tf.training.evaluation import fit_reference_predictors
 
     models, info = restore_models(config, path)
     targets: list[tuple[str, str | None, str | None]] = []
@@ -118,14 +119,17 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
                           "expected something to score (a split, or data files)")
     out_dir = Path(config.run_dir, EVAL_DIR)
     os.makedirs(out_dir, exist_ok=True)
+    references = fit_reference_predictors(models, config)
     results = []
     for name, split, dataset in targets:
-        rows = comparison_dict(comparison(models, config, split=split, path=dataset))
+        rows = comparison_dict(comparison(models, config, split=split, path=dataset,
+                                          references=references))
         k_column = f"ndcg@{config.eval.ndcg_k}"
         columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
         columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
         result = {"name": name, "step": info["step"], "checkpoint": info["directory"],
-                  "chosen": info.get("chosen"), "split": split, "data": dataset, "rows": rows}
+                  "chosen": info.get("chosen"), "split": split, "data": dataset, "rows": rows,
+                  "references": references.chosen}
         file = out_dir / f"{name}.json"
         checkpoint.write_atomically(file, lambda tmp: Path(tmp).write_text(
             json.dumps(result, indent=1)))

@@ -160,9 +160,9 @@ def score_rows(predict: PredictFn, batches: Iterable[Mapping],
     return ScoredRows.concat(parts)
 
 
-def report(scored: ScoredRows, kind: str, k: int) -> EvaluationReport:
+def report(scored: ScoredRows, kind: str, k: int, per_task: bool = True) -> EvaluationReport:
     return report_from_rows(scored.task_id, scored.prediction, scored.label, scored.binary,
-                            scored.relevance, kind, k)
+                            scored.relevance, kind, k, per_task)
 
 
 # ---- validation during training (every rank) ---------------------------------------------
@@ -241,7 +241,7 @@ class Validator:
             kept = ScoredRows.concat([p for p, (_, real) in zip(parts, self._batches) if real])
             scored = kept.gathered()
             if len(scored.prediction):
-                out[name] = report(scored, self.kind, self.k).overall
+                out[name] = report(scored, self.kind, self.k, self.tasks).overall
         return out
 
 
@@ -256,21 +256,22 @@ class ComparedRow:
 
 
 def reference_data(config: PipelineConfig, models: Models) -> ReferenceData:
-    """What the reference predictors read: the item (MeLU's first item feature, else
-    ``eval.reference_feature`` or the tower's first sparse feature that is not adapted
-    per task) and every feature of the tower for the linear model."""
+    """What the reference predictors read: the candidate features of the mean-label
+    references (``eval.reference_feature``, or every sparse feature of the tower that is
+    not adapted per task: the one with the best validation loss is kept) and every
+    feature of the tower for the linear model."""
     model = config.model
-    feature = config.eval.reference_feature
-    if feature is None:
-        sparse = [f for f in tower_sparse_features(model)
-                  if f not in config.meta.adapt_embeddings]
-        feature = model.item_features[0] if model.item_features else sparse[0]
-    return ReferenceData(models.model.head.kind, models.model.head.label, feature,
+    if config.eval.reference_feature is not None:
+        candidates = (config.eval.reference_feature,)
+    else:
+        candidates = tuple(f for f in tower_sparse_features(model)
+                           if f not in config.meta.adapt_embeddings)
+    return ReferenceData(models.model.head.kind, models.model.head.label, candidates,
                          tuple(tower_sparse_features(model)), tuple(model.dense_features))
 
 
 def comparison(models: Models, config: PipelineConfig, split: str | None = None,
-               path: str | None = None, references: bool = True) -> list[ComparedRow]:
+               path: str | None = None, references=None) -> list[ComparedRow]:
     """Every task (or row) of a split scored by the models, their baselines and the
     reference predictors, on the same rows.
 
@@ -279,7 +280,8 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         config: The pipeline config.
         split: The split to score (default ``eval.split``); None with ``path``: every file.
         path: Another dataset (same schema) to score instead of the config's.
-        references: Also fit and score the reference predictors.
+        references: Fitted reference predictors to score too (``fit_reference_predictors``),
+            or None.
     """
     split = config.eval.split if split is None and path is None else split
     labels = _labels(config, models)
@@ -293,7 +295,7 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
 
     def scored(predict) -> EvaluationReport:
         rows = (score_tasks if tasks else score_rows)(predict, batches(), labels)
-        return report(rows, kind, k)
+        return report(rows, kind, k, tasks)
 
     rows = []
     if models.is_meta:
@@ -308,9 +310,8 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
                                 scored(fine_tune_predict(models.baseline, config))))
         rows.append(ComparedRow("baseline, no fine-tuning",
                                 scored(fine_tune_predict(models.baseline, config, 0))))
-    if references:
-        fitted = fit_reference_predictors(models, config)
-        for name, predict in fitted.predictors.items():
+    if references is not None:
+        for name, predict in references.predictors.items():
             rows.append(ComparedRow(f"reference: {name}", scored(predict)))
     return rows
 

@@ -6,9 +6,10 @@ baseline trains on); every setting they have is chosen on the validation split, 
 models' settings are:
 
 - ``global mean``: the mean label (mean rating, click rate).
-- ``<feature> mean``: the damped mean label of the row's value of one feature (the item
-  for ratings, e.g. ``item_id``; for clicks the item or first feature): ``(sum + d * mean)
-  / (count + d)``, ``d`` chosen on validation; unseen values get the global mean.
+- ``<feature> mean``: the damped mean label of the row's value of one feature,
+  ``(sum + d * mean) / (count + d)``; the feature (among the candidates, e.g. every sparse
+  feature the tower reads: the item for ratings, a site or ad id for clicks) and ``d`` are
+  chosen on validation; unseen values get the global mean.
 - ``<feature> mean + task offset`` (task data only): the above plus the task's mean
   residual on its support rows, ``sum(y - m) / (n + d_task)``: the classic bias model of a
   new user (item bias + user bias from the few rows the user gave).
@@ -43,9 +44,10 @@ class ReferenceData:
 
     kind: str                      # "binary" or "rating"
     label: str                     # the head's label
-    feature: str                   # the reference feature (an item id, or the first feature)
+    candidates: tuple[str, ...]    # features the mean-label references may use (best kept)
     sparse: tuple[str, ...]        # sparse / multi-hot features of the linear model
     dense: tuple[str, ...] = ()    # dense features of the linear model
+    feature: str = ""              # the chosen candidate (set by fit_references)
 
 
 def _rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
@@ -250,7 +252,7 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         tasks: Whether the evaluated data are tasks with support rows.
         seed: Seeds the linear model's batch order.
     """
-    names = {data.label, data.feature, *data.sparse, *data.dense}
+    names = {data.label, *data.candidates, *data.sparse, *data.dense}
     train = _rows(train_batches, names)
     labels = np.asarray(train[data.label], np.float64)
     if not len(labels):
@@ -262,16 +264,19 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         "global mean": _task_predict(lambda rows: np.full(len(rows[data.label]), global_mean))}
     chosen: dict[str, dict] = {"global mean": {}}
 
-    base = FeatureMean(np.asarray(train[data.feature]).reshape(len(labels), -1)[:, 0], labels)
-
     def first(values):
         values = np.asarray(values)
         return values.reshape(len(values), -1)[:, 0] if values.ndim > 1 else values
 
-    losses = {d: _loss(data.kind, valid_labels,
-                       _clip(data.kind, base.with_damping(d)(first(valid_rows[data.feature]))))
-              for d in DAMPINGS}
-    item = base.with_damping(min(losses, key=losses.get))
+    losses = {}
+    for feature in data.candidates:
+        base = FeatureMean(first(train[feature]), labels)
+        for d in DAMPINGS:
+            predicted = _clip(data.kind, base.with_damping(d)(first(valid_rows[feature])))
+            losses[(feature, d)] = (_loss(data.kind, valid_labels, predicted), base)
+    feature, damping = min(losses, key=lambda key: losses[key][0])
+    data = dataclasses.replace(data, feature=feature)
+    item = losses[(feature, damping)][1].with_damping(damping)
     predictors[f"{data.feature} mean"] = _task_predict(
         lambda rows: _clip(data.kind, item(first(rows[data.feature]))))
     chosen[f"{data.feature} mean"] = {"damping": item.damping}

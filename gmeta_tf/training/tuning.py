@@ -13,8 +13,8 @@ Search spaces (ranges in ``SEARCH_SPACE`` below): the meta model's inner steps k
 rate, learned inner rates (none, per tensor, per element, each optionally per step:
 Meta-SGD / MAML++), multi-step loss and outer learning rate; the baseline's learning rate,
 fine-tuning rate and fine-tuning steps (the same range as k). A plain CTR pipeline
-(``meta.enabled: false``) searches its learning rate, its tables' learning rate and its
-batch size.
+(``meta.enabled: false``) searches its learning rate, its tables' learning rate, its
+batch size and its embedding width.
 
 The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train``,
 ``eval`` and ``export`` of that pipeline apply (below any ``--set``); every trial goes to
@@ -76,6 +76,7 @@ def _ctr_space(trial, config: PipelineConfig) -> dict[str, Any]:
     settings = {
         "train.learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True),
         "data.batch_size": trial.suggest_categorical("batch_size", [64, 128, 256, 512]),
+        "model.embedding_dim": trial.suggest_categorical("embedding_dim", [4, 8, 16]),
     }
     table_lr = trial.suggest_float("table_learning_rate", 1e-3, 0.3, log=True)
     for table in config.model.tables:

@@ -1,0 +1,86 @@
+"""Reference predictors against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gmeta_tf.meta import metrics
+from gmeta_tf.training.references import (FeatureMean, ReferenceData, fit_linear,
+                                          fit_references)
+
+
+def _task_batch(items, labels, query_items, query_labels):
+    t = len(items)
+    return {"task_id": np.arange(t),
+            "support": {"item": np.array(items), "y": np.array(labels, np.float32),
+                        "mask": np.ones((t, len(items[0])), np.float32)},
+            "query": {"item": np.array(query_items), "y": np.array(query_labels, np.float32),
+                      "mask": np.ones((t, len(query_items[0])), np.float32)}}
+
+
+def test_feature_mean_is_damped_towards_the_global_mean():
+    values = np.array([1, 1, 1, 2])
+    labels = np.array([5.0, 4.0, 3.0, 1.0])
+    mean = FeatureMean(values, labels, damping=2.0)
+    g = labels.mean()
+    np.testing.assert_allclose(mean(np.array([1, 2, 7])),
+                               [(12 + 2 * g) / 5, (1 + 2 * g) / 3, g])
+    np.testing.assert_allclose(mean.with_damping(0.0)(np.array([1, 2])), [4.0, 1.0])
+
+
+def test_item_mean_plus_task_offset_adds_each_tasks_support_residual():
+    # Items 1 and 2 have means 4 and 2 in training; task 0 rates 1 point above them, task 1
+    # 1 point below, so the offset model predicts its query ratings exactly (no damping).
+    train = [{"item": np.array([1, 1, 2, 2]), "y": np.array([4.0, 4.0, 2.0, 2.0])}]
+    valid = [_task_batch([[1, 2], [1, 2]], [[5, 3], [3, 1]], [[2, 1], [1, 2]], [[3, 5], [3, 1]])]
+    data = ReferenceData("rating", "y", ("item",), ("item",))
+    refs = fit_references(data, train, valid, tasks=True)
+    assert refs.chosen["item mean"]["damping"] == 0.0      # exact item means fit best
+    assert refs.chosen["item mean + task offset"]["task_damping"] == 0.0
+    np.testing.assert_allclose(refs.predictors["item mean + task offset"](valid[0]),
+                               [[3.0, 5.0], [3.0, 1.0]])
+    np.testing.assert_allclose(refs.predictors["item mean"](valid[0]), [[2.0, 4.0], [4.0, 2.0]])
+    np.testing.assert_allclose(refs.predictors["global mean"](valid[0]), np.full((2, 2), 3.0))
+
+
+def test_the_reference_feature_is_the_candidate_with_the_best_validation_loss():
+    rng = np.random.default_rng(0)
+    n = 4000
+    good, noise = rng.integers(0, 20, n), rng.integers(0, 20, n)
+    p = 0.1 + 0.8 * (good % 2)
+    y = (rng.random(n) < p).astype(np.float64)
+    rows = {"good": good, "noise": noise, "label": y}
+    train = [{k: v[:3000] for k, v in rows.items()}]
+    valid = [{k: v[3000:] for k, v in rows.items()}]
+    data = ReferenceData("binary", "label", ("noise", "good"), ("noise", "good"))
+    refs = fit_references(data, train, valid, tasks=False)
+    assert "good mean" in refs.predictors and "noise mean" not in refs.predictors
+    auc = metrics.auc(valid[0]["label"], refs.predictors["good mean"](valid[0]))
+    assert auc > 0.85
+    lr = metrics.auc(valid[0]["label"], refs.predictors["logistic regression"](valid[0]))
+    assert lr > 0.85
+
+
+def test_logistic_regression_learns_a_linear_rule_and_stops_on_validation():
+    rng = np.random.default_rng(1)
+    n = 6000
+    a, b = rng.integers(0, 50, n), rng.normal(size=n)
+    logit = np.where(a < 25, 1.5, -1.5) + 2.0 * b
+    y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float64)
+    data = ReferenceData("binary", "y", ("a",), ("a",), ("b",))
+    train = {"a": a[:5000], "b": b[:5000].astype(np.float32), "y": y[:5000]}
+    valid = {"a": a[5000:], "b": b[5000:].astype(np.float32), "y": y[5000:]}
+    model, chosen = fit_linear(data, train, valid)
+    p = model.predict_rows(valid)
+    assert metrics.auc(valid["y"], p) > 0.85
+    assert 1 <= chosen["epochs"] <= 10 and chosen["l2"] > 0
+    # Better than the label rate: it learned the rule, not the prior.
+    assert metrics.log_loss(valid["y"], p) < metrics.log_loss(valid["y"], np.full(1000, y.mean())) - 0.1
+
+
+@pytest.mark.parametrize("kind", ["rating", "binary"])
+def test_references_refuse_an_empty_training_split(kind):
+    data = ReferenceData(kind, "y", ("item",), ("item",))
+    with pytest.raises(ValueError, match="no rows"):
+        fit_references(data, [], [], tasks=False)
