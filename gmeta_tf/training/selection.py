@@ -50,8 +50,11 @@ class Selection:
     def update(self, step: int, results: dict[str, dict[str, float]]) -> list[str]:
         """Records one evaluation; returns the models that improved at this step."""
         improved = []
+        results = {n: {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                       for k, v in m.items()} for n, m in results.items()}  # JSON has no NaN
         for name, metrics in results.items():
-            value = metrics.get(self.metric, math.nan)
+            value = metrics.get(self.metric)
+            value = math.nan if value is None else value
             previous = self.best.get(name)
             if improves(self.metric, value, previous.value if previous else None):
                 self.best[name] = Best(step, float(value), dict(metrics))

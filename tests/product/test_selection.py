@@ -1,0 +1,114 @@
+"""Validation during training: the log, early stopping, the chosen checkpoints and what
+gmeta eval / export restore; gmeta tune's settings reach gmeta train."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gmeta_tf import checkpoint
+from gmeta_tf.config import load_config
+from gmeta_tf.training import Trainer
+from gmeta_tf.training.cold_start import evaluate_pipeline, restore_models
+from gmeta_tf.training.selection import Selection
+from tests.product.conftest import tiny_overrides
+
+
+def test_selection_keeps_each_models_best_and_counts_patience(tmp_path):
+    s = Selection("auc", patience=2)
+    assert s.update(1, {"model": {"auc": 0.6}, "baseline": {"auc": 0.5}}) == ["model", "baseline"]
+    assert s.update(2, {"model": {"auc": 0.7}, "baseline": {"auc": 0.4}}) == ["model"]
+    assert s.update(3, {"model": {"auc": 0.65}, "baseline": {"auc": 0.45}}) == []
+    assert not s.should_stop
+    assert s.update(4, {"model": {"auc": 0.69}, "baseline": {"auc": float("nan")}}) == []
+    assert s.should_stop and s.protected_steps == {2, 1}
+    s.save(tmp_path)
+    again = Selection.load(tmp_path, "auc", 2)
+    assert again.to_dict() == s.to_dict()
+    replayed = Selection.load(tmp_path, "auc", 2, up_to_step=2)   # a resume from step 2
+    assert replayed.stale == 0 and replayed.best["model"].step == 2
+    assert Selection.load(tmp_path, "mae", 2).best == {}           # another metric: anew
+    lower = Selection("mae")
+    lower.update(1, {"model": {"mae": 0.9}})
+    assert lower.update(2, {"model": {"mae": 0.8}}) == ["model"]
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tiny_data, tmp_path_factory):
+    """A run with validation every 2 steps, patience 2, one checkpoint kept."""
+    run_dir = tmp_path_factory.mktemp("selection")
+    overrides = tiny_overrides(run_dir, tiny_data, steps=40) + [
+        "train.eval_every=2", "train.patience=2", "train.keep_checkpoints=1",
+        "train.checkpoint_every=0", "train.learning_rate=0.05", "meta.inner_lr=3.0"]
+    config = load_config("default", overrides)
+    return config, overrides
+
+
+def test_training_logs_validation_stops_early_and_keeps_the_best_checkpoints(stopped_run,
+                                                                             caplog):
+    config, _ = stopped_run
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
+        result = Trainer(config, fresh=True).run()
+    text = caplog.text
+    assert "validation (valid split" in text and "on auc" in text
+    assert result.stopped_early_at is not None and result.stopped_early_at < 40
+    assert f"early stopping at step {result.stopped_early_at}" in text
+    best = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())
+    assert set(best["best"]) == {"model", "baseline"}
+    for name, b in best["best"].items():
+        assert f"best checkpoint of the {name}: step {b['step']}" in text
+        # The best is never pruned, though only 1 checkpoint is kept besides it.
+        assert Path(config.checkpoint_dir, f"ckpt-{b['step']}", "MANIFEST.json").is_file()
+        history = [h[name]["auc"] for h in best["history"] if name in h]
+        assert b["value"] == max(history)
+    steps = sorted(int(p.name.split("-")[1]) for p in Path(config.checkpoint_dir).glob("ckpt-*"))
+    assert steps[-1] == result.stopped_early_at
+    assert set(steps) <= {b["step"] for b in best["best"].values()} | {steps[-1]}
+
+
+def test_eval_restores_each_models_best_checkpoint(stopped_run):
+    config, _ = stopped_run
+    best = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())["best"]
+    models, info = restore_models(config)
+    assert info["chosen"]["model"]["step"] == best["model"]["step"]
+    # The baseline's variables are those of its own best checkpoint.
+    import numpy as np
+
+    from gmeta_tf.training.model_builder import build_models
+    own = build_models(config)
+    checkpoint.restore(Path(config.checkpoint_dir, f"ckpt-{best['baseline']['step']}"),
+                       own.state, own.optimizers)
+    for a, b in zip(models.baseline.tower.trainable_variables,
+                    own.baseline.tower.trainable_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    results = evaluate_pipeline(config)
+    assert [r["name"] for r in results] == ["cold"]
+    saved = json.loads(Path(config.run_dir, "eval", "cold.json").read_text())
+    names = [r["name"] for r in saved["rows"]]
+    assert names[:2] == ["meta (maml, adapted k=1)", "meta, no adaptation"]
+    assert "baseline fine-tuned (k=1)" in names
+    assert {"reference: global mean", "reference: logistic regression"} <= set(names)
+    assert any(n.endswith(" mean + task offset") for n in names)
+    assert saved["chosen"]["baseline"]["step"] == best["baseline"]["step"]
+
+
+def test_tuned_settings_apply_under_explicit_overrides(stopped_run, tmp_path):
+    config, overrides = stopped_run
+    tuned = Path(config.run_dir, "tuned.yaml")
+    tuned.write_text(yaml.safe_dump({"meta": {"inner_lr": 0.123},
+                                     "train": {"learning_rate": 0.0042}}))
+    try:
+        assert load_config("default", overrides[:-2]).meta.inner_lr == 0.123
+        assert load_config("default", overrides).meta.inner_lr == 3.0   # --set wins
+        assert load_config("default", overrides[:-2]).train.learning_rate == 0.0042
+        assert load_config("default", overrides).train.learning_rate == 0.05
+        assert load_config("default", overrides[:-2], tuned=False).meta.inner_lr != 0.123
+        tuned.write_text("meta: [unclosed")
+        with pytest.raises(Exception, match="tuned settings .*tuned.yaml"):
+            load_config("default", overrides)
+    finally:
+        tuned.unlink()
