@@ -98,13 +98,13 @@ def _serve_check(config: PipelineConfig, export_dir: Path) -> tuple[float, dict]
 def summary_table(config: PipelineConfig, np_: int, seconds: dict[str, float],
                   served: dict) -> str:
     """The demo's closing summary: one line per stage, then the cold-start comparison."""
-    from gmeta_tf.training.cold_start import EVAL_FILE, TABLE_COLUMNS
+    from gmeta_tf.training.cold_start import EVAL_DIR, TABLE_COLUMNS
     from gmeta_tf.training.evaluation import format_table
     from gmeta_tf.training.trainer import SUMMARY_FILE
 
     run = Path(config.run_dir)
     train = json.loads((run / SUMMARY_FILE).read_text())
-    evaluation = json.loads((run / EVAL_FILE).read_text())
+    evaluation = json.loads((run / EVAL_DIR / f"{config.eval.split}.json").read_text())
     data = json.loads((run / "data_summary.json").read_text())
     export = json.loads((run / "export_info.json").read_text())
     splits = data["splits"]
@@ -112,10 +112,14 @@ def summary_table(config: PipelineConfig, np_: int, seconds: dict[str, float],
     stages = [
         {"stage": "data", "seconds": seconds["data"], "result":
          f"{sum(s['tasks'] for s in splits.values()):,} tasks "
-         f"({splits['warm']['tasks']:,} warm / {splits['cold']['tasks']:,} cold), "
+         f"({splits['warm']['tasks']:,} warm / {splits.get('valid', {}).get('tasks', 0):,} "
+         f"validation / {splits['cold']['tasks']:,} cold), "
          f"{sum(s['rows'] for s in splits.values()):,} rows"},
         {"stage": "train", "seconds": seconds["train"], "result":
-         f"{np_} ranks, {train['steps']} steps, {train['samples_per_sec']:,.0f} samples/s, "
+         f"{np_} ranks, {train['steps']} steps"
+         f"{' (early stop)' if train.get('stopped_early_at') else ''}, best on validation: "
+         + ", ".join(f"{n} step {b['step']}" for n, b in sorted(train.get("best", {}).items()))
+         + f", {train['samples_per_sec']:,.0f} samples/s, "
          f"loss {train['final_loss']:.4f}, all-to-all {train['alltoall_bytes_per_step'] / 1024:.0f}"
          f" KiB/step, table rows {train['table_rows']}"},
         {"stage": "eval", "seconds": seconds["eval"], "result":
@@ -134,8 +138,9 @@ def summary_table(config: PipelineConfig, np_: int, seconds: dict[str, float],
         f"{sum(seconds.values()):.0f}s in all",
         format_table(stages, ["stage", "seconds", "result"]),
         "",
-        f"cold-start tasks (never trained on; adapted on their support rows, scored on their "
-        f"query rows):",
+        f"cold-start tasks (never trained on, never used to choose anything; adapted on their "
+        f"support rows, scored on their query rows; the baseline fine-tuned on the same rows "
+        f"and weights; references fitted on the warm rows):",
         format_table(evaluation["rows"], columns),
     ])
 

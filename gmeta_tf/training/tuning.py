@@ -9,7 +9,8 @@ every ``train.eval_every`` steps and its best score (``train.select_metric``) is
 trial's value, with early stopping (``tune.patience``) ending runs that stopped
 improving. The cold split is never read.
 
-Search spaces (ranges in ``SEARCH_SPACE`` below): the meta model's inner steps k, inner
+Each study's first trial is the pipeline's own settings, so the chosen settings are never
+worse on validation than the ones tuning started from. Search spaces (ranges below): the meta model's inner steps k, inner
 rate, learned inner rates (none, per tensor, per element, each optionally per step:
 Meta-SGD / MAML++), multi-step loss and outer learning rate; the baseline's learning rate,
 fine-tuning rate and fine-tuning steps (the same range as k). A plain CTR pipeline
@@ -41,6 +42,9 @@ from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, selection_metric
 
 log = logging.getLogger(__name__)
 TUNED_FILE = "tuned.yaml"
+MULTI_STEP_LOSS = [0, 100, 200, 300]
+BATCH_SIZES = [64, 128, 256, 512]
+EMBEDDING_DIMS = [4, 8, 16]
 INNER_RATE_MODES = {  # learn_inner_lr, inner_lr_per_element, inner_lr_per_step
     "fixed": (False, False, False), "per_tensor": (True, False, False),
     "per_element": (True, True, False), "per_tensor_per_step": (True, False, True),
@@ -59,7 +63,7 @@ def _meta_space(trial, config: PipelineConfig) -> dict[str, Any]:
     }
     if config.meta.algorithm != "reptile":
         settings["meta.multi_step_loss"] = trial.suggest_categorical("multi_step_loss",
-                                                                     [0, 100, 300])
+                                                                     MULTI_STEP_LOSS)
     return settings
 
 
@@ -75,13 +79,47 @@ def _baseline_space(trial, config: PipelineConfig) -> dict[str, Any]:
 def _ctr_space(trial, config: PipelineConfig) -> dict[str, Any]:
     settings = {
         "train.learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True),
-        "data.batch_size": trial.suggest_categorical("batch_size", [64, 128, 256, 512]),
-        "model.embedding_dim": trial.suggest_categorical("embedding_dim", [4, 8, 16]),
+        "data.batch_size": trial.suggest_categorical("batch_size", BATCH_SIZES),
+        "model.embedding_dim": trial.suggest_categorical("embedding_dim", EMBEDDING_DIMS),
     }
     table_lr = trial.suggest_float("table_learning_rate", 1e-3, 0.3, log=True)
     for table in config.model.tables:
         settings[f"model.tables.{table}.learning_rate"] = table_lr
     return settings
+
+
+def _nearest(value, choices):
+    return min(choices, key=lambda c: abs(c - value))
+
+
+def _clip(value: float, low: float, high: float) -> float:
+    return float(min(max(value, low), high))
+
+
+def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
+    """The pipeline's own settings as a study's parameters: every study's first trial, so
+    tuning never ends worse on validation than the settings it started from."""
+    m, t, e = config.meta, config.train, config.eval
+    if name == "model" and config.meta.enabled:
+        mode = next(k for k, v in INNER_RATE_MODES.items()
+                    if v == (m.learn_inner_lr, m.learn_inner_lr and m.inner_lr_per_element,
+                             m.learn_inner_lr and m.inner_lr_per_step))
+        params = {"inner_rates": mode, "inner_steps": min(max(m.inner_steps, 1), 5),
+                  "inner_lr": _clip(m.inner_lr, 1e-3, 3.0),
+                  "learning_rate": _clip(t.learning_rate, 1e-4, 1e-2)}
+        if m.algorithm != "reptile":
+            params["multi_step_loss"] = _nearest(m.multi_step_loss, MULTI_STEP_LOSS)
+        return params
+    if name == "baseline":
+        steps = e.baseline_steps if e.baseline_steps is not None else m.inner_steps
+        return {"learning_rate": _clip(t.baseline_learning_rate or t.learning_rate, 1e-4, 1e-2),
+                "fine_tune_lr": _clip(e.baseline_lr, 1e-3, 3.0),
+                "fine_tune_steps": min(max(steps, 1), 5)}
+    first = next(iter(config.model.tables.values()))
+    return {"learning_rate": _clip(t.learning_rate, 1e-4, 1e-2),
+            "batch_size": _nearest(config.data.batch_size, BATCH_SIZES),
+            "table_learning_rate": _clip(first.learning_rate, 1e-3, 0.3),
+            "embedding_dim": _nearest(config.model.embedding_dim, EMBEDDING_DIMS)}
 
 
 #: The searched keys per study (documentation; the functions above define the ranges).
@@ -169,6 +207,8 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
     studies = {name: optuna.create_study(direction=direction, study_name=name,
                                          sampler=optuna.samplers.TPESampler(seed=seed + i))
                for i, name in enumerate(spaces)}
+    for name, study in studies.items():
+        study.enqueue_trial(pipeline_params(name if config.meta.enabled else "ctr", config))
     root = Path(config.run_dir) / "tune"
     root.mkdir(parents=True, exist_ok=True)
     results: list[TrialResult] = []

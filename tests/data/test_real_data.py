@@ -22,7 +22,7 @@ def movielens(tmp_path_factory):
 def test_movielens_follows_the_cold_start_protocol(movielens):
     out, m = movielens
     assert m.split["rows_in"] == 100_000 and m.split["dropped_short"] == 0  # all users >= 20
-    assert m.split["warm_tasks"] + m.split["cold_tasks"] == 943
+    assert m.split["warm_tasks"] + m.split["valid_tasks"] + m.split["cold_tasks"] == 943
     assert 0.15 < m.split["cold_tasks"] / 943 < 0.25
     assert {f.name for f in m.schema.labels} == {"rating", "label"}
     cold = data.read_tasks(str(out), 32, support=None, query=10, split="cold")
@@ -55,7 +55,7 @@ def test_criteo_converts_and_reads(tmp_path, file_format, int_mode):
     src = need_shared("criteo", "train.tsv")
     m = data.convert_criteo(str(src), str(tmp_path / "c"), seed=1, int_mode=int_mode,
                             output=data.OutputConfig(file_format=file_format))
-    kept = m.split["warm_tasks"] + m.split["cold_tasks"]
+    kept = m.split["warm_tasks"] + m.split["valid_tasks"] + m.split["cold_tasks"]
     assert m.split["rows_in"] == 7200 and kept > 50
     batches = list(data.read_tasks(str(tmp_path / "c"), 16, 20, 4, split="warm", shuffle_seed=0))
     assert sum(b["task_id"].shape[0] for b in batches) == m.split["warm_tasks"]

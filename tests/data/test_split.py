@@ -48,7 +48,7 @@ def test_split_follows_the_protocol(raw_csv, tmp_path):
 def test_short_tasks_are_dropped_and_counted(raw_csv, tmp_path):
     m = data.convert_csv(str(raw_csv), str(tmp_path / "e"), data.synthetic.CSV_MAPPING,
                          split=data.SplitConfig(query_size=10, min_rows=20, max_rows=25))
-    kept = m.split["warm_tasks"] + m.split["cold_tasks"]
+    kept = m.split["warm_tasks"] + m.split["valid_tasks"] + m.split["cold_tasks"]
     assert m.split["dropped_short"] > 0 and m.split["dropped_long"] > 0
     assert kept + m.split["dropped_short"] + m.split["dropped_long"] == 300
     sizes = [f.rows for f in m.files]
