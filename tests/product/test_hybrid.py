@@ -148,13 +148,13 @@ def test_hybrid_checkpoint_restores_evaluates_and_exports(runs):
     root, data_dir, _ = runs
     sets_list = overrides(root, data_dir, "h2")
     config = load_config("default", sets_list)
-    models, manifest = restore_models(config)
+    models, manifest = restore_models(config, str(checkpoint.latest(config.checkpoint_dir)))
     assert manifest["step"] == STEPS and manifest["world_size"] == 2
     assert "item" in models.model.embedding.cache_stats()  # restored into a cached table
     assert sum(models.model.embedding.table_sizes().values()) > 0
     sets = [a for o in sets_list for a in ("--set", o)]
     assert main(["eval", *sets]) == 0
-    rows = json.loads(Path(config.run_dir, "eval.json").read_text())["rows"]
+    rows = json.loads(Path(config.run_dir, "eval", "cold.json").read_text())["rows"]
     assert rows and all(0.0 <= r["auc"] <= 1.0 for r in rows)
     assert main(["export", *sets]) == 0
     assert Path(config.export.dir, str(STEPS), "saved_model.pb").is_file()

@@ -112,3 +112,38 @@ def test_tuned_settings_apply_under_explicit_overrides(stopped_run, tmp_path):
             load_config("default", overrides)
     finally:
         tuned.unlink()
+
+
+def test_a_plain_ctr_model_trains_on_every_warm_row_once_an_epoch(tiny_data, tmp_path):
+    from gmeta_tf import data as meta_io
+
+    warm_rows = meta_io.TaskDataset(str(tiny_data), "warm", verify="size").num_rows
+    batch = 64
+    epoch_steps = -(-warm_rows // batch)       # the last batch of an epoch is partial
+    overrides = tiny_overrides(tmp_path, tiny_data, steps=2 * epoch_steps) + [
+        "meta.enabled=false", f"data.batch_size={batch}", "train.eval_every=0",
+        "train.checkpoint_every=0", "train.log_every=1000"]
+    result = Trainer(load_config("default", overrides), fresh=True).run()
+    assert result.samples == 2 * warm_rows     # every row, twice, none cut
+
+
+def test_gmeta_tune_gives_both_contenders_the_same_trials_and_writes_tuned_settings(
+        tiny_data, tmp_path):
+    from gmeta_tf.cli import main
+
+    overrides = tiny_overrides(tmp_path, tiny_data, steps=6) + ["train.eval_every=2"]
+    sets = [a for o in overrides for a in ("--set", o)]
+    assert main(["tune", "--config", "default", "--trials", "2", "--patience", "1", *sets]) == 0
+    trials = json.loads(Path(tmp_path, "tune", "trials.json").read_text())["trials"]
+    assert len(trials) == 2 and all(t["status"] == "ok" for t in trials)
+    assert all(set(t["values"]) == {"model", "baseline"} for t in trials)
+    # The first trial is the pipeline's own settings.
+    assert trials[0]["settings"]["model"]["meta.inner_steps"] == 1
+    tuned = yaml.safe_load(Path(tmp_path, "tuned.yaml").read_text())
+    assert {"inner_steps", "inner_lr", "learn_inner_lr"} <= set(tuned["meta"])
+    assert {"baseline_lr", "baseline_steps"} <= set(tuned["eval"])
+    config = load_config("default", overrides)
+    assert config.meta.inner_lr == tuned["meta"]["inner_lr"]
+    assert config.train.baseline_learning_rate == tuned["train"]["baseline_learning_rate"]
+    # The trials' checkpoints are gone (only their scores are kept), the cold split unread.
+    assert not list(Path(tmp_path, "tune").glob("trial-*/checkpoints"))
