@@ -121,9 +121,7 @@ class LinearModel:
         self.data, self.buckets, self.lr, self.l2 = data, buckets, learning_rate, l2
         self.w = np.zeros(buckets)
         self.w_acc = np.full(buckets, 1e-8)
-        width = 0
-        self.dense_width = width
-        self.v: np.ndarray | None = None
+        self.v: np.ndarray | None = None   # dense weights, sized at the first batch
         self.b, self.b_acc = 0.0, 1e-8
         self.rng = np.random.default_rng(seed)
 
