@@ -67,7 +67,8 @@ def make_datasets(work: str, tasks: int, rows_per_task: int) -> dict:
         path = os.path.join(work, fmt)
         t0 = time.perf_counter()
         data.convert_csv(raw, path, synthetic.CSV_MAPPING, split=synthetic.DEFAULT_SPLIT,
-                         output=data.OutputConfig(file_format=fmt, rows_per_file=1 << 19))
+                         output=data.OutputConfig(file_format=fmt, rows_per_file=1 << 19,
+                                                  rows_per_block=1 << 16))
         dt = time.perf_counter() - t0
         out["convert_rows_per_s"][fmt] = round(rows / dt)
         out["paths"][fmt] = path

@@ -4,8 +4,9 @@ Verbs::
 
     gmeta data prepare --config default          # make the config's dataset (generate/convert)
     gmeta data movielens ../shared/data/ml-100k out/ml   # any gmeta-data command, as is
-    horovodrun -np 2 -H localhost:2 gmeta train --config default [--resume | --fresh]
-    horovodrun -np 2 -H localhost:2 gmeta train --config criteo --staleness 2   # hybrid
+    gmeta train --np 2 --config default [--resume | --fresh]   # runs horovodrun for you
+    horovodrun -np 2 -H localhost:2 gmeta train --config default   # the same, by hand
+    gmeta train --np 2 --config criteo --staleness 2   # hybrid
     gmeta tune --config default --trials 12      # settings chosen on the validation split
     gmeta eval --config default                  # cold-start tasks: meta model vs baseline
     gmeta export --config default                # SavedModel for stock TensorFlow Serving
@@ -44,7 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--resume", action="store_true",
                        help="continue from the latest checkpoint of run_dir")
     group.add_argument("--fresh", action="store_true",
-                       help="delete run_dir's checkpoints and start from scratch")
+                       help="start from scratch: after the config and data are checked, "
+                            "run_dir's checkpoints are set aside and deleted once this run "
+                            "has its first checkpoint (moved back if it fails before)")
+    train.add_argument("--np", type=int, metavar="N",
+                       help="run N ranks under horovodrun (-H localhost:N unless --hosts); "
+                            "exits with the ranks' status (2 for bad input) and their message")
+    train.add_argument("--hosts", metavar="H",
+                       help="horovodrun -H with --np, e.g. host1:8,host2:8")
     train.add_argument("--staleness", metavar="S",
                        help="hybrid training with embedding lookups up to S batches ahead of "
                             "their updates (same as --set train.hybrid.staleness=S; plain CTR "
@@ -102,24 +110,34 @@ def _config(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config, overrides)
 
 
+def _launch(argv: Sequence[str], args: argparse.Namespace) -> int | None:
+    """With ``--np N`` (N > 1) outside horovodrun: the ranks' status; else None."""
+    if not args.np or args.np == 1 or "HOROVOD_RANK" in os.environ:
+        return None
+    if args.np < 1:
+        raise ConfigError(f"--np {args.np} is not allowed: expected a number of ranks >= 1")
+    from gmeta_tf.launcher import run_ranks
+
+    _config(args)  # a bad config stops here, before any rank starts
+    rank_argv, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in ("--np", "--hosts"):
+            skip = True
+        elif not item.startswith(("--np=", "--hosts=")):
+            rank_argv.append(item)
+    return run_ranks(rank_argv, args.np, args.hosts)
+
+
 def run_train(args: argparse.Namespace) -> int:
     from gmeta_tf.training import Trainer
+    from gmeta_tf.training.dataset_prep import prepare_on_chief
 
     config = _config(args)
-    _prepare_once(config)  # makes the dataset, or again if made with other parameters
+    prepare_on_chief(config)
     Trainer(config, resume=args.resume, fresh=args.fresh).run()
     return 0
-
-
-def _prepare_once(config: PipelineConfig) -> None:
-    """Rank 0 makes the dataset while the others wait."""
-    from gmeta_tf import distributed
-    from gmeta_tf.training import prepare_dataset
-
-    distributed.init()
-    if distributed.is_chief():
-        prepare_dataset(config)
-    distributed.barrier()
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -191,19 +209,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if verb_args is None:
             return run_data(argv[1:])
+        if verb_args.verb == "train":
+            launched = _launch(argv, verb_args)
+            if launched is not None:
+                return launched
         runner = {"train": run_train, "tune": run_tune, "eval": run_eval,
                   "export": run_export,
                   "config": run_config}[verb_args.verb]
         return runner(verb_args)
-    except ConfigError as err:
-        print(f"gmeta: error: {err}", file=sys.stderr)
-        return 2
-    except _data_error() as err:
-        print(f"gmeta: error: {err}", file=sys.stderr)
-        return 2
-    except _checkpoint_error() as err:
-        print(f"gmeta: error: {err}", file=sys.stderr)
-        return 2
+    except (ConfigError, _data_error(), _checkpoint_error()) as err:
+        return _bad_input(err)
+    except Exception as err:
+        _record_status(1, f"unexpected {type(err).__name__}: {err}")
+        raise
+
+
+def _bad_input(err: Exception) -> int:
+    print(f"gmeta: error: {err}", file=sys.stderr)
+    _record_status(2, str(err))
+    return 2
+
+
+def _record_status(status: int, message: str) -> None:
+    from gmeta_tf.launcher import record_status
+
+    record_status(status, message)
 
 
 def _data_error() -> type:

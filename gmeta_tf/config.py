@@ -73,27 +73,34 @@ class SplitSection:
 class DataConfig:
     """Where the task-partitioned dataset comes from and how it is batched.
 
+    ``path`` is the dataset directory; ``prepare`` makes it from ``source``: generated
+    (``synthetic``), converted from ``raw`` (``movielens``, ``criteo``, or ``csv`` with the
+    column ``mapping``: a mapping of ``gmeta_tf.data.CsvMapping`` keys, or the path of a
+    YAML file of them), or ``dataset`` (converted beforehand; it must exist). A converted or
+    generated dataset is a cache of the config: made again when its source, mapping,
+    split or block size changed, or when its splits have fewer blocks than ranks.
+    ``rows_per_block`` None chooses blocks from the row count and the world size.
+    ``bad_rows`` is the converter's policy (``error`` or ``skip``). Relative paths are
+    relative to the working directory (the project root for ``make demo``).
+
     ``task_column`` (``criteo``): the categorical column whose value is the task; null
     makes every row its own task (row data for a plain CTR model).
 
     A meta model reads batches of ``tasks_per_batch`` whole tasks with ``support`` and
     ``query`` slots; a plain CTR model (``meta.enabled: false``) reads batches of
     ``batch_size`` rows, every row of the split once per epoch.
-
-    ``path`` is the dataset directory; when it holds no dataset yet, ``prepare`` makes it
-    from ``source``: generated (``synthetic``), converted from ``raw`` (``movielens``,
-    ``criteo``), or ``dataset`` (it must exist already). Relative paths are relative to the
-    working directory (the project root for ``make demo``).
     """
 
     path: str = "runs/default/data"
-    source: Literal["synthetic", "movielens", "criteo", "dataset"] = "synthetic"
+    source: Literal["synthetic", "movielens", "criteo", "csv", "dataset"] = "synthetic"
     raw: str | None = None
+    mapping: Any = None
+    bad_rows: Literal["error", "skip"] = "error"
     synthetic: SyntheticConfig = SyntheticConfig()
     split: SplitSection = SplitSection()
     seed: int = 0
     task_column: str | None = "C2"
-    rows_per_block: int = dataclasses.field(default=4096, metadata={"min": 1})
+    rows_per_block: int | None = dataclasses.field(default=None, metadata={"min": 1})
     tasks_per_batch: int = dataclasses.field(default=32, metadata={"min": 1})
     support: int | None = dataclasses.field(default=20, metadata={"min": 1})
     query: int | None = dataclasses.field(default=5, metadata={"min": 1})
@@ -119,9 +126,15 @@ class CacheSection:
 
 @dataclasses.dataclass(frozen=True)
 class TableSection:
-    """One hash table, the features looked up in it, and optionally its MixCache."""
+    """One hash table, the features looked up in it, and optionally its MixCache.
+
+    Features sharing a table get per-feature id salts (``gmeta_tf.embedding.id_salt``):
+    equal ids of two features are different rows. ``shared_ids: true`` says the table's
+    features share one id space on purpose (``item_id`` and a ``clicked_items`` history):
+    equal ids are then the same row."""
 
     features: tuple[str, ...] = ()
+    shared_ids: bool = False
     optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
     learning_rate: float = dataclasses.field(default=0.05, metadata={"min_exclusive": 0.0})
     admit_after: int = dataclasses.field(default=1, metadata={"min": 1})
@@ -454,6 +467,8 @@ def _build(cls: type, raw: Any, prefix: str):
 
 def _convert(hint: Any, value: Any, key: str):
     """Checks (and normalizes) one value against a type hint."""
+    if hint is Any:  # checked by its own type later (data.mapping: CsvMapping)
+        return value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -579,9 +594,22 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("train.validation_split", config.train.validation_split,
                     f"a split other than eval.split ('{config.eval.split}'): the evaluation "
                     f"split is scored by gmeta eval only, never used to choose anything")
-    if config.data.source in ("movielens", "criteo") and not config.data.raw:
-        raise _fail("data.raw", config.data.raw,
-                    f"the raw input path for data.source '{config.data.source}'")
+    _check_data_source(config.data)
+
+
+def _check_data_source(data: DataConfig) -> None:
+    if data.source in ("movielens", "criteo", "csv") and not data.raw:
+        raise _fail("data.raw", data.raw, f"the raw input path for data.source '{data.source}'")
+    if data.source == "csv":
+        if data.mapping is None:
+            raise _fail("data.mapping", None, "the column mapping of data.source 'csv': a "
+                        "mapping (task, label, sparse, ...) or the path of a YAML file of it")
+        if not isinstance(data.mapping, (str, Mapping)) or not data.mapping:
+            raise _fail("data.mapping", data.mapping, "a mapping (task, label, sparse, ...) or "
+                        "the path of a YAML mapping file")
+    elif data.mapping is not None:
+        raise _fail("data.mapping", data.mapping, f"no mapping for data.source "
+                    f"'{data.source}' (a mapping goes with data.source 'csv')")
 
 
 def _tower_feature_keys(model: ModelConfig) -> tuple[str, ...]:
@@ -606,9 +634,22 @@ def _absolute(path: str | None, root: Path) -> str | None:
     return str((root / path).resolve())
 
 
+def _absolute_mapping(mapping: Any, root: Path) -> Any:
+    """A mapping file's path, or the paths of an inline mapping's side files, made absolute."""
+    if isinstance(mapping, str):
+        return _absolute(mapping, root)
+    if isinstance(mapping, Mapping) and isinstance(mapping.get("join"), list):
+        joins = [{**j, "path": _absolute(j["path"], root)}
+                 if isinstance(j, Mapping) and isinstance(j.get("path"), str) else j
+                 for j in mapping["join"]]
+        return {**mapping, "join": joins}
+    return mapping
+
+
 def _absolute_paths(config: PipelineConfig, root: Path) -> PipelineConfig:
     data = dataclasses.replace(config.data, path=_absolute(config.data.path, root),
-                               raw=_absolute(config.data.raw, root))
+                               raw=_absolute(config.data.raw, root),
+                               mapping=_absolute_mapping(config.data.mapping, root))
     export = dataclasses.replace(config.export, dir=_absolute(config.export.dir, root))
     evaluation = dataclasses.replace(config.eval, data=tuple(_absolute(p, root)
                                                             for p in config.eval.data))

@@ -162,6 +162,7 @@ class DatasetWriter:
         manifest.save(self.tmp_dir)
         trash = None
         if os.path.exists(self.out_dir):
+            _log_replacement(self.out_dir, manifest)
             trash = self.tmp_dir + ".old"
             os.replace(self.out_dir, trash)
         os.replace(self.tmp_dir, self.out_dir)
@@ -177,3 +178,24 @@ class DatasetWriter:
             if s._file is not None:
                 s._file.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+def _log_replacement(out_dir: str, new: Manifest) -> None:
+    """Says what an overwrite replaces, loudly when the new dataset holds fewer rows,
+    tasks or splits than the old one."""
+    try:
+        old = Manifest.load(out_dir)
+    except DataError:
+        log.warning("replacing %s, which held no readable dataset", out_dir)
+        return
+
+    def counts(m: Manifest) -> tuple[int, int, list[str]]:
+        return sum(f.rows for f in m.files), sum(f.tasks for f in m.files), sorted(
+            {f.split for f in m.files})
+
+    (old_rows, old_tasks, old_splits), (rows, tasks, splits) = counts(old), counts(new)
+    smaller = rows < old_rows or tasks < old_tasks or set(old_splits) - set(splits)
+    log.log(logging.WARNING if smaller else logging.INFO,
+            "replacing dataset %s (%d rows, %d tasks, splits %s) with %d rows, %d tasks, "
+            "splits %s%s", out_dir, old_rows, old_tasks, old_splits, rows, tasks, splits,
+            ": the new dataset is SMALLER" if smaller else "")

@@ -58,13 +58,16 @@ class FeatureConfig:
 
     ``combiner`` None keeps one row per id (input [B] -> [B, dim], [B, N] -> [B, N, dim]);
     'sum' or 'mean' pools a multi-hot feature (ragged [B, None], sparse [B, N], or dense
-    [B, N] where ids equal to ``pad_id`` are padding) to [B, dim].
+    [B, N] where ids equal to ``pad_id`` are padding) to [B, dim]. ``id_salt`` (non-zero)
+    mixes the feature's ids before the lookup (``gmeta_tf.embedding.id_salt``) so that
+    features sharing a table do not share rows; 0 looks the ids up as they are.
     """
 
     name: str
     table: str
     combiner: str | None = None
     pad_id: int | None = None
+    id_salt: int = 0
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:

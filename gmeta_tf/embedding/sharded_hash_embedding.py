@@ -37,6 +37,7 @@ from gmeta_tf import distributed, ops
 from gmeta_tf.embedding.config import FeatureConfig, TableConfig
 from gmeta_tf.embedding.hash_table import HashTable
 from gmeta_tf.embedding.update_trigger import add_update_weights
+from gmeta_tf.embedding.id_salt import salt_ids
 from gmeta_tf.embedding.mix_cache import MixCacheConfig, MixCachedHashTable
 
 
@@ -60,10 +61,11 @@ def _flatten(config: FeatureConfig, value) -> _FlatFeature:
             ids, row_ids, nrows = value.flat_values, value.value_rowids(), value.nrows()
         else:
             ids, row_ids, nrows = value.values, value.indices[:, 0], value.dense_shape[0]
-        return _FlatFeature(ops._ids(ids, name), _pooler(config.combiner, row_ids, nrows))
+        return _FlatFeature(salt_ids(ops._ids(ids, name), config.id_salt),
+                            _pooler(config.combiner, row_ids, nrows))
     value = tf.convert_to_tensor(value)
     shape = tf.shape(value, out_type=tf.int64)
-    ids = ops._ids(tf.reshape(value, [-1]), name)
+    ids = salt_ids(ops._ids(tf.reshape(value, [-1]), name), config.id_salt)
 
     def restore(rows):
         out = tf.reshape(rows, tf.concat([shape, [tf.shape(rows, out_type=tf.int64)[1]]], 0))

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf.embedding import FeatureConfig
+from gmeta_tf.embedding.id_salt import salt_ids
 
 
 class FrozenTable(NamedTuple):
@@ -45,7 +46,7 @@ class StaticEmbedding(tf.Module):
     def __init__(self, tables: Mapping[str, FrozenTable], features: Sequence[FeatureConfig],
                  name: str = "static_embedding"):
         super().__init__(name=name)
-        self._features = {f.name: (f.table, f.combiner) for f in features}
+        self._features = {f.name: (f.table, f.combiner, f.id_salt) for f in features}
         self.ids, self.rows = {}, {}
         for table, frozen in tables.items():
             order = np.argsort(frozen.ids, kind="stable")
@@ -71,12 +72,12 @@ class StaticEmbedding(tf.Module):
         for name, value in features.items():
             if name not in self._features:
                 raise KeyError(f"{self.name}: no feature {name!r}; it has {sorted(self._features)}")
-            table, combiner = self._features[name]
+            table, combiner, salt = self._features[name]
             if isinstance(value, tf.RaggedTensor):
-                rows = self.lookup(table, value.flat_values)
+                rows = self.lookup(table, salt_ids(value.flat_values, salt))
                 out[name] = _pool(rows, value.value_rowids(), value.nrows(), combiner)
             else:
-                out[name] = self.lookup(table, tf.reshape(value, [-1]))
+                out[name] = self.lookup(table, salt_ids(tf.reshape(value, [-1]), salt))
         return out
 
 

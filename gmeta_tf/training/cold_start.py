@@ -20,7 +20,9 @@ import os
 from pathlib import Path
 
 from gmeta_tf import checkpoint, distributed
+from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig
+from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.evaluation import comparison, comparison_dict, format_table
 from gmeta_tf.training.model_builder import Models, build_models
 from gmeta_tf.training.selection import best_checkpoints
@@ -107,16 +109,22 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
     from gmeta_tf.training.dataset_prep import eval_dataset
     from gmeta_tf.training.evaluation import fit_reference_predictors
 
-    models, info = restore_models(config, path)
+    # Every key naming a split or a label is checked against every set to score before
+    # the models are restored and anything is scored.
+    check_against_dataset(config, meta_io.Manifest.load(config.data.path), training=False,
+                          eval_split=bool(config.eval.split))
     targets: list[tuple[str, str | None, str | None]] = []
     if config.eval.split:
         targets.append((config.eval.split, config.eval.split, None))
     for item in (data if data is not None else config.eval.data):
         name, dataset = eval_dataset(config, item)
+        check_against_dataset(config, meta_io.Manifest.load(dataset), training=False,
+                              eval_split=False)
         targets.append((name, None, dataset))
     if not targets:
         raise ConfigError("config key 'eval.split' = None is not allowed with no eval.data: "
                           "expected something to score (a split, or data files)")
+    models, info = restore_models(config, path)
     out_dir = Path(config.run_dir, EVAL_DIR)
     os.makedirs(out_dir, exist_ok=True)
     references = fit_reference_predictors(models, config)

@@ -1,8 +1,13 @@
-"""Makes a pipeline's dataset when it does not exist yet (``gmeta data prepare``).
+"""Makes a pipeline's dataset when it does not exist yet, or no longer fits its config
+(``gmeta data prepare``; ``gmeta train`` does it too).
 
 Generated (``data.source: synthetic``, the embedded default) or converted from raw files
-(``movielens``, ``criteo``) with ``gmeta_tf.data``; an existing dataset (a directory with
-a manifest) is used as it is.
+(``movielens``, ``criteo``, ``csv`` with a column mapping) with ``gmeta_tf.data``. Such a
+dataset is a cache of the config: it is made again, with a log line saying why, when its
+source (inputs, their sizes and times, the mapping), split or block size differ from the
+config, or when a split has fewer blocks than the ranks that will read it. A dataset
+converted beforehand (``data.source: dataset``) is never rewritten: a config that asks for
+something it does not have is refused, naming the key.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import os
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data import synthetic
+from gmeta_tf.data.converters.csv_mapping import source_record as csv_source_record
+from gmeta_tf.data.converters.pipeline import DEFAULT_MIN_BLOCKS
+from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -23,83 +31,145 @@ def dataset_exists(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MANIFEST_NAME))
 
 
-def _split(config: PipelineConfig, defaults: meta_io.SplitConfig) -> meta_io.SplitConfig:
+def _default_split(source: str) -> meta_io.SplitConfig:
+    if source == "synthetic":
+        return synthetic.DEFAULT_SPLIT
+    if source == "criteo":
+        return meta_io.SplitConfig(query_size=4, min_rows=8)
+    return meta_io.SplitConfig()
+
+
+def _split(config: PipelineConfig) -> meta_io.SplitConfig:
     given = {k: v for k, v in dataclasses.asdict(config.data.split).items() if v is not None}
-    return dataclasses.replace(defaults, seed=config.data.seed, **given)
+    try:
+        return dataclasses.replace(_default_split(config.data.source), seed=config.data.seed,
+                                   **given)
+    except DataError as err:
+        raise ConfigError(f"config section 'data.split' is not allowed: {err}") from err
 
 
-def prepare_dataset(config: PipelineConfig, overwrite: bool = False) -> meta_io.Manifest:
-    """The config's dataset: loaded when present, otherwise generated or converted.
+def csv_mapping(config: PipelineConfig) -> meta_io.CsvMapping:
+    """The checked ``data.mapping`` of a ``csv`` pipeline."""
+    mapping = config.data.mapping
+    try:
+        if isinstance(mapping, str):
+            return meta_io.CsvMapping.from_yaml(mapping)
+        return meta_io.CsvMapping.from_dict(dict(mapping))
+    except DataError as err:
+        raise ConfigError(f"config key 'data.mapping' is not allowed: {err}") from err
+
+
+def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: int) -> str | None:
+    """Why the dataset at ``data.path`` does not fit the config (None when it does)."""
+    d = config.data
+    recorded = manifest.split
+    if d.source == "synthetic":
+        expected = synthetic.source_record(d.synthetic.tasks, d.synthetic.rows_per_task, d.seed)
+        if recorded.get("source") != expected:
+            return f"was generated with other parameters ({recorded.get('source')})"
+    source = recorded.get("source") or {}
+    if d.source == "csv":
+        expected = csv_source_record([d.raw], csv_mapping(config))
+        for key in ("paths", "mapping", "inputs"):
+            if source.get(key) != expected[key]:
+                return f"was converted from other {key} ({source.get(key)})"
+    if d.source == "criteo" and source.get("task_column", "C2") != d.task_column:
+        return f"was converted with task column {source.get('task_column', 'C2')!r}"
+    if d.source == "dataset":  # only the keys the config gives
+        wanted = {k: v for k, v in dataclasses.asdict(d.split).items() if v is not None}
+    else:
+        wanted = dataclasses.asdict(_split(config))
+    differs = {k: recorded.get(k) for k, v in wanted.items() if recorded.get(k) != v}
+    if differs:
+        key = next(iter(differs))
+        return (f"was split with {key} = {differs[key]!r}, the config asks for "
+                f"data.split.{key} = {wanted[key]!r}")
+    option = recorded.get("output", {}).get("rows_per_block_option", d.rows_per_block)
+    if d.rows_per_block is not None and option != d.rows_per_block:
+        return (f"was written with rows_per_block {option or 'auto'}, the config asks for "
+                f"data.rows_per_block = {d.rows_per_block}")
+    few = _too_few_blocks(manifest, world_size)
+    if few and d.rows_per_block is not None:  # made again, it would have as few
+        raise ConfigError(f"config key 'data.rows_per_block' = {d.rows_per_block} is not "
+                          f"allowed: the dataset {few}; expected fewer rows per block, or "
+                          f"no data.rows_per_block (chosen from the rows and the ranks)")
+    return few
+
+
+def _too_few_blocks(manifest: meta_io.Manifest, world_size: int) -> str | None:
+    blocks: dict[str, int] = {}
+    for f in manifest.files:
+        blocks[f.split] = blocks.get(f.split, 0) + len(f.blocks)
+    for split, n in sorted(blocks.items()):
+        if n < world_size:
+            return f"has {n} blocks in split {split!r}, fewer than the {world_size} ranks"
+    return None
+
+
+def prepare_dataset(config: PipelineConfig, overwrite: bool = False,
+                    world_size: int = 1) -> meta_io.Manifest:
+    """The config's dataset: loaded when present and fitting, otherwise made.
 
     Args:
         config: The pipeline config (its ``data`` section).
-        overwrite: Make it again even when it exists.
+        overwrite: Make it again even when it exists and fits.
+        world_size: Ranks that will read it: each split gets at least that many blocks.
 
     Returns:
         The dataset's manifest.
 
     Raises:
-        ConfigError: ``data.source: dataset`` and no dataset at ``data.path``.
+        ConfigError: ``data.source: dataset`` and no dataset at ``data.path``, or one that
+            does not fit the config (naming the key).
+        DataError: The raw input is bad (nothing is written then).
     """
     d = config.data
     if dataset_exists(d.path) and not overwrite:
         manifest = meta_io.Manifest.load(d.path)
-        if d.source == "dataset" or _made_as_configured(config, manifest):
+        reason = _mismatch(config, manifest, world_size)
+        if reason is None:
             log.info("dataset %s exists: using it", d.path)
             return manifest
-        # A generated or converted dataset is a cache of the config: made with other
-        # parameters (another split, an older generator), it would be trained and evaluated
-        # on silently. The raw input is still there, so it is made again.
-        log.info("dataset %s was made with other parameters (split %s): making it again",
-                 d.path, {k: v for k, v in manifest.split.items()
-                          if k in _SPLIT_FIELDS or k == "source"})
-    output = meta_io.OutputConfig(rows_per_block=d.rows_per_block, overwrite=True)
+        if d.source == "dataset":
+            raise ConfigError(f"config key 'data.path' = {d.path!r} is not allowed: the dataset "
+                              f"there {reason}; convert it again (gmeta data csv ... "
+                              f"--overwrite) with what the config asks, or change the config "
+                              f"(data.source 'dataset' is never rewritten)")
+        log.warning("dataset %s %s: making it again from %s", d.path, reason, d.source)
+    if d.source == "dataset":
+        raise ConfigError(f"config key 'data.path' = {d.path!r} is not allowed: expected a "
+                          f"dataset directory with {MANIFEST_NAME} (data.source is 'dataset'); "
+                          f"make one with gmeta data csv, or set data.source: csv with "
+                          f"data.raw and data.mapping")
+    return _make(config, world_size)
+
+
+def _make(config: PipelineConfig, world_size: int) -> meta_io.Manifest:
+    d = config.data
+    output = meta_io.OutputConfig(rows_per_block=d.rows_per_block, overwrite=True,
+                                  bad_rows=d.bad_rows,
+                                  min_blocks=max(DEFAULT_MIN_BLOCKS, world_size))
+    split = _split(config)
     log.info("making dataset %s from %s", d.path, d.source)
     if d.source == "synthetic":
         return synthetic.generate(d.path, d.synthetic.tasks, d.synthetic.rows_per_task, d.seed,
-                                  split=_configured_split(config), output=output)
+                                  split=split, output=output)
     if d.source == "movielens":
-        return meta_io.convert_movielens(d.raw, d.path, split=_configured_split(config),
-                                         output=output)
+        return meta_io.convert_movielens(d.raw, d.path, split=split, output=output)
     if d.source == "criteo":
-        return meta_io.convert_criteo(d.raw, d.path, task_column=d.task_column,
-                                      split=_split(config, _CRITEO_SPLIT), output=output)
-    raise ConfigError(f"config key 'data.path' = {d.path!r} is not allowed: expected a dataset "
-                      f"directory with {MANIFEST_NAME} (data.source is 'dataset')")
-
-
-_CRITEO_SPLIT = meta_io.SplitConfig(query_size=4, min_rows=8)
-_SPLIT_FIELDS = tuple(f.name for f in dataclasses.fields(meta_io.SplitConfig))
-
-
-def _configured_split(config: PipelineConfig) -> meta_io.SplitConfig:
-    defaults = {"synthetic": synthetic.DEFAULT_SPLIT, "criteo": _CRITEO_SPLIT}
-    return _split(config, defaults.get(config.data.source, meta_io.SplitConfig()))
-
-
-def _made_as_configured(config: PipelineConfig, manifest: meta_io.Manifest) -> bool:
-    """Whether a generated/converted dataset was made from this config's source and split."""
-    d = config.data
-    recorded = manifest.split
-    wanted = dataclasses.asdict(_configured_split(config))
-    if any(recorded.get(k) != v for k, v in wanted.items()):
-        return False
-    source = recorded.get("source") or {}
-    if d.source == "synthetic":
-        return source == synthetic.source_record(d.synthetic.tasks, d.synthetic.rows_per_task,
-                                                 d.seed)
-    if d.source == "criteo":
-        return source.get("task_column", "C2") == d.task_column
-    return True
+        return meta_io.convert_criteo(d.raw, d.path, task_column=d.task_column, split=split,
+                                      output=output)
+    return meta_io.convert_csv(d.raw, d.path, csv_mapping(config), split=split, output=output)
 
 
 def eval_dataset(config: PipelineConfig, item: str) -> tuple[str, str]:
     """A dataset to score with ``gmeta eval``: ``(name, dataset directory)``.
 
     ``item`` is a dataset directory (used as is) or a raw file of the pipeline's source
-    format, converted once into ``<run_dir>/eval/data/<stem>``: every row kept (no
-    validation or cold split), tasks split into support and query rows as the pipeline's
-    protocol says for a meta model, all rows scored for a plain CTR model.
+    format (``criteo``, ``movielens``, or a CSV read with the pipeline's mapping), converted
+    once into ``<run_dir>/eval/data/<stem>``: every row kept (no validation or cold split),
+    tasks split into support and query rows as the pipeline's protocol says for a meta
+    model, all rows scored for a plain CTR model.
     """
     if dataset_exists(item):
         return os.path.basename(os.path.normpath(item)), item
@@ -108,7 +178,7 @@ def eval_dataset(config: PipelineConfig, item: str) -> tuple[str, str]:
                           f"{MANIFEST_NAME}) nor a file")
     stem = os.path.splitext(os.path.basename(item))[0]
     out = os.path.join(config.run_dir, "eval", "data", stem)
-    protocol = _configured_split(config)
+    protocol = _split(config)
     if config.meta.enabled:
         split = dataclasses.replace(protocol, warm_fraction=1.0, valid_fraction=0.0)
     else:
@@ -116,10 +186,14 @@ def eval_dataset(config: PipelineConfig, item: str) -> tuple[str, str]:
                                     query_size=0, min_rows=1)
     if dataset_exists(out):
         recorded = meta_io.Manifest.load(out).split
+        paths = (recorded.get("source") or {}).get("paths")
         if (all(recorded.get(k) == v for k, v in dataclasses.asdict(split).items())
-                and (recorded.get("source") or {}).get("paths") == [item]):
+                and paths in ([item], [os.path.abspath(item)])
+                and (config.data.source != "csv" or recorded["source"].get("inputs") ==
+                     csv_source_record([item], csv_mapping(config))["inputs"])):
             return stem, out
-    output = meta_io.OutputConfig(rows_per_block=config.data.rows_per_block, overwrite=True)
+    output = meta_io.OutputConfig(rows_per_block=config.data.rows_per_block, overwrite=True,
+                                  bad_rows=config.data.bad_rows)
     source = config.data.source
     log.info("converting eval data %s -> %s", item, out)
     if source == "criteo":
@@ -127,8 +201,23 @@ def eval_dataset(config: PipelineConfig, item: str) -> tuple[str, str]:
                                output=output)
     elif source == "movielens":
         meta_io.convert_movielens(item, out, split=split, output=output)
+    elif source == "csv":
+        meta_io.convert_csv(item, out, csv_mapping(config), split=split, output=output)
     else:
-        raise ConfigError(f"eval data {item!r}: a raw file needs data.source 'criteo' or "
-                          f"'movielens' to be converted (data.source is {source!r}); give a "
-                          f"dataset directory instead")
+        raise ConfigError(f"eval data {item!r}: a raw file needs data.source 'criteo', "
+                          f"'movielens' or 'csv' to be converted (data.source is {source!r}); "
+                          f"give a dataset directory instead")
     return stem, out
+
+
+def prepare_on_chief(config: PipelineConfig) -> meta_io.Manifest:
+    """Rank 0 makes (or checks) the dataset while the others wait; a failure there is
+    raised on every rank, so no rank waits forever for a dataset that will not come."""
+    from gmeta_tf import distributed
+    from gmeta_tf.training.rank_agreement import on_all_ranks
+
+    distributed.init()
+    world = distributed.size()
+    on_all_ranks(lambda: prepare_dataset(config, world_size=world) if distributed.is_chief()
+                 else None, f"preparing the dataset {config.data.path}")
+    return meta_io.Manifest.load(config.data.path)

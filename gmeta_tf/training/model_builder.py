@@ -13,6 +13,7 @@ import tensorflow as tf
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, ModelConfig, PipelineConfig, tower_sparse_features
 from gmeta_tf.embedding import FeatureConfig, MixCacheConfig, ShardedHashEmbedding, TableConfig
+from gmeta_tf.embedding.id_salt import feature_salt
 from gmeta_tf.meta import MetaConfig, MetaModel
 from gmeta_tf.models import BinaryHead, CTRModel, DLRMTower, Head, MeLUTower, RatingHead
 from gmeta_tf.models.tower import Tower
@@ -75,7 +76,8 @@ def _of_kind(schema: meta_io.Schema, *kinds: str) -> list[str]:
 
 def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> ShardedHashEmbedding:
     """The sharded hash embedding of the config's tables (multi-hot features mean-pooled;
-    a table with a ``cache`` section gets a MixCache in front of each shard)."""
+    a table with a ``cache`` section gets a MixCache in front of each shard; the features
+    of a table with several get per-feature id salts unless it has ``shared_ids``)."""
     multi_hot = set(_of_kind(schema, "multi_hot"))
     tables, features = [], []
     for table, spec in model.tables.items():
@@ -85,7 +87,9 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> Sha
         tables.append(TableConfig(table, embedding_width(model), optimizer=optimizer,
                                   admit_after=spec.admit_after, init_scale=spec.init_scale,
                                   seed=model.seed, cache=cache))
-        features += [FeatureConfig(f, table, combiner="mean" if f in multi_hot else None)
+        salted = len(spec.features) > 1 and not spec.shared_ids
+        features += [FeatureConfig(f, table, combiner="mean" if f in multi_hot else None,
+                                   id_salt=feature_salt(f) if salted else 0)
                      for f in spec.features]
     try:
         return ShardedHashEmbedding(tables, features, name=name)

@@ -50,11 +50,13 @@ from gmeta_tf.config import ConfigError, PipelineConfig, dump_config
 from gmeta_tf.embedding.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.models.embedding_inputs import embedding_inputs
+from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.devices import configure_devices
 from gmeta_tf.training.evaluation import Validator, selection_metric
 from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
 from gmeta_tf.training.progress import ProgressBar
 from gmeta_tf.training.selection import Selection
+from gmeta_tf.training.rank_agreement import on_all_ranks
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "train_summary.json"
@@ -100,7 +102,9 @@ class Trainer:
         config: The pipeline config.
         resume: Continue from the latest complete checkpoint of ``run_dir`` (starts from
             scratch when there is none).
-        fresh: Delete earlier checkpoints of ``run_dir`` and start from scratch.
+        fresh: Start from scratch; earlier checkpoints of ``run_dir`` are set aside (after
+            the config and data are checked) and deleted once this run has written its
+            first checkpoint.
 
     Raises:
         ConfigError: Checkpoints exist but neither ``resume`` nor ``fresh`` was given, or
@@ -117,11 +121,38 @@ class Trainer:
         self.ckpt_dir = Path(config.checkpoint_dir)
         self._cache_base: dict[str, dict[str, float]] = {}  # cache counters at the last report
         self._validator: Validator | None = None
+        self._aside: Path | None = None  # --fresh: the earlier checkpoints, until replaced
 
     # -- set-up --------------------------------------------------------------------------
 
+    def _check_inputs(self) -> None:
+        """Every rank checks the config against the dataset and its share of the data
+        files (sizes and footers) before anything is changed; a failure anywhere stops
+        every rank, with the run directory untouched."""
+        d = self.config.data
+
+        def check() -> None:
+            t = self.config.train
+            check_against_dataset(self.config, meta_io.Manifest.load(d.path), training=True,
+                                  eval_split=False)
+            dataset = meta_io.TaskDataset(d.path, "warm", reader=d.reader, verify="size")
+            if not self.config.meta.enabled and dataset.num_rows < 1:
+                raise ConfigError(f"config key 'data.path' = {d.path!r}: rank {self.rank} of "
+                                  f"{self.size} has no warm rows")
+            if self.config.meta.enabled and dataset.steps_per_epoch(d.tasks_per_batch) < 1:
+                raise ConfigError(f"config key 'data.tasks_per_batch' = {d.tasks_per_batch} "
+                                  f"is not allowed: expected at most the warm tasks of each "
+                                  f"rank's share (the smallest share, of {self.size} ranks, has "
+                                  f"{dataset.fewest_tasks_per_rank})")
+            if t.eval_every:
+                meta_io.TaskDataset(d.path, t.validation_split, reader=d.reader, verify="size")
+
+        on_all_ranks(check, "checking the config and the dataset")
+
     def _start_step(self, models: Models) -> int:
-        self._clear_if_fresh()
+        if self.fresh:
+            self._set_aside()
+            return 0
         latest = checkpoint.latest(self.ckpt_dir)
         if latest is None:
             return 0
@@ -136,24 +167,42 @@ class Trainer:
                  restored.step, restored.world_size)
         return restored.step
 
-    def _clear_if_fresh(self) -> None:
-        if self.fresh and self.rank == 0 and self.ckpt_dir.exists():
-            shutil.rmtree(self.ckpt_dir)
+    def _set_aside(self) -> None:
+        """``--fresh``: the old checkpoints move to ``checkpoints.replaced-<time>`` beside
+        them; they are deleted once this run has written its first checkpoint, and moved
+        back if it fails before."""
+        if self.rank == 0 and self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            self._aside = self.ckpt_dir.with_name(f"{self.ckpt_dir.name}.replaced-{stamp}")
+            os.replace(self.ckpt_dir, self._aside)
+            log.info("--fresh: the earlier checkpoints are set aside at %s until this run "
+                     "writes its first checkpoint", self._aside)
         distributed.barrier()
+
+    def _drop_aside(self) -> None:
+        """After the first checkpoint of a fresh run: the set-aside one goes."""
+        if self.rank == 0 and self._aside is not None:
+            shutil.rmtree(self._aside, ignore_errors=True)
+            log.info("--fresh: deleted the earlier checkpoints %s", self._aside)
+        self._aside = None
+
+    def _restore_aside(self) -> None:
+        """A fresh run that failed before its first checkpoint: the old one comes back."""
+        if self.rank != 0 or self._aside is None:
+            return
+        if checkpoint.latest(self.ckpt_dir) is None:
+            shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+            os.replace(self._aside, self.ckpt_dir)
+            log.warning("this run failed before its first checkpoint: the earlier "
+                        "checkpoints are back at %s", self.ckpt_dir)
+        self._aside = None
 
     def _batches(self, start_step: int, is_meta: bool) -> Iterator[dict]:
         d, t = self.config.data, self.config.train
         dataset = meta_io.TaskDataset(d.path, "warm", reader=d.reader, verify="size")
         if not is_meta:  # a plain CTR model: every warm row, row batches
-            if dataset.num_rows < 1:
-                raise ConfigError(f"config key 'data.path' = {d.path!r}: rank {self.rank} of "
-                                  f"{self.size} has no warm rows")
             rows = dataset.rows(d.batch_size, shuffle_seed=t.shuffle_seed, epochs=None)
             return iter(rows.skip(start_step))
-        if dataset.steps_per_epoch(d.tasks_per_batch) < 1:
-            raise ConfigError(f"config key 'data.tasks_per_batch' = {d.tasks_per_batch} is not "
-                              f"allowed: expected at most the warm tasks of each rank's share "
-                              f"(rank {self.rank} of {self.size} has {dataset.num_tasks})")
         batches = dataset.tasks(d.tasks_per_batch, d.support, d.query,
                                 shuffle_seed=t.shuffle_seed, epochs=None, equal_steps=True,
                                 resplit=t.resplit)
@@ -241,9 +290,17 @@ class Trainer:
 
     def run(self) -> TrainResult:
         """Trains to ``train.steps``; returns (and on rank 0 writes) the run's summary."""
-        config, t = self.config, self.config.train
-        models = build_models(config, self.placement)
+        models = build_models(self.config, self.placement)
+        self._check_inputs()
         start = self._start_step(models)
+        try:
+            return self._run(models, start)
+        except BaseException:
+            self._restore_aside()
+            raise
+
+    def _run(self, models: Models, start: int) -> TrainResult:
+        config, t = self.config, self.config.train
         if start == 0:
             variables = dense_slow_variables(models.model)
             if models.baseline is not None:
@@ -413,6 +470,7 @@ class Trainer:
         model's best (``checkpoint.prune``: renamed before deletion, crash-safe)."""
         path = checkpoint.save(self.ckpt_dir, models.state, step, models.optimizers)
         log.info("checkpoint %s", path)
+        self._drop_aside()
         if self.rank == 0:
             checkpoint.prune(self.ckpt_dir, self.config.train.keep_checkpoints,
                              protect=selection.protected_steps)

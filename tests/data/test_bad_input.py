@@ -152,7 +152,7 @@ SPLIT = data.SplitConfig(query_size=3, min_rows=5)
                                             ("7", "label out of range")])
 def test_converter_rejects_bad_labels(tmp_path, value, problem):
     src = write_csv(tmp_path / "in.csv", GOOD[:50] + [f"4,99,{value}"] + GOOD[50:])
-    with pytest.raises(data.DataError, match=f"{src}: column 'label': task 4: row 50: {problem}"):
+    with pytest.raises(data.DataError, match=f"{src}: column 'label': task 4: line 52: {problem}"):
         data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["in.csv"]  # no temporary left behind

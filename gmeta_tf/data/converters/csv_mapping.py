@@ -1,38 +1,46 @@
 """Generic CSV -> dataset, driven by a column mapping (YAML, command line or Python).
 
-A new dataset needs a mapping, not code. Example YAML::
+A new dataset needs a mapping, not code. Every key (README, "Your own data")::
 
-    task: user_id              # the task column (ids or strings)
-    label: rating              # label column ...
-    label_threshold: 4         # ... optional: label = rating >= 4 (raw kept as 'rating')
-    label_range: [1, 5]        # optional: valid raw label values
-    sparse: [user_id, item_id, occupation]
-    multi_hot: {genres: 6}     # column: width ; values joined by `separator`
-    dense: [age]
-    order_by: timestamp        # optional: "last" query rows are the latest
-    separator: "|"
-    delimiter: ","
+    task: user_id              # the task column: its value is the task (user, ad, site)
+    label: rating              # the label column (a number)
+    label_threshold: 4         # optional: label = 1 if rating >= 4 else 0 (raw kept as 'rating')
+    label_range: [1, 5]        # optional: valid raw label values; others are bad rows
+    sparse: [user_id, item_id, occupation]   # categorical columns -> int64 ids
+    multi_hot: {genres: 6}     # column: width; values joined by `separator`
+    dense: [age]               # numeric columns (missing -> 0.0, counted)
+    order_by: timestamp        # optional: numbers or ISO date-times; "last" query rows are
+                               # the latest
+    separator: "|"             # between the values of a multi-hot cell
+    delimiter: ","             # between fields
     header: true               # false: give `columns: [names...]`
+    columns: null
+    join:                      # optional side files, joined on a key before mapping
+      - {path: items.csv, key: item_id, columns: [genres]}
+      - {path: users.csv, key: user_id, on: user_id, delimiter: ";"}
 
-Sparse and multi-hot values become ids as described in ``gmeta_tf.data.hashing``; a missing
-dense value becomes 0.0 (counted in the log).
+Sparse and multi-hot values become ids as described in ``gmeta_tf.data.hashing``. Every
+row keeps its line number until it is written, so a bad value is reported by line and
+column name; with ``bad_rows: skip`` malformed lines, unparseable numbers, empty task
+values and bad labels are dropped and counted in the manifest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import json
 import logging
 import os
 from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
+import pyarrow.compute as pc
 
 from gmeta_tf.data import hashing
-from gmeta_tf.data.converters.pipeline import (OutputConfig, RawBatch, columns_to_batch, convert,
-                                               record_batches)
+from gmeta_tf.data.converters.csv_join import JoinSpec, SideTable
+from gmeta_tf.data.converters.csv_lines import CsvCounts, numbers, text_batches, timestamps
+from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.schema import TASK_COLUMN, Feature, FeatureKind, Schema
@@ -58,27 +66,85 @@ class CsvMapping:
     delimiter: str = ","
     header: bool = True
     columns: list[str] | None = None
+    join: list[JoinSpec] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("task", "label", "separator", "delimiter"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise DataError(f"mapping key {name!r} is not allowed", value=getattr(self, name),
+                                expected="a non-empty string")
+        if len(self.delimiter) != 1:
+            raise DataError("mapping key 'delimiter' is not allowed", value=self.delimiter,
+                            expected="one character, e.g. ',' or '\\t'")
+        for name in ("sparse", "dense"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+                raise DataError(f"mapping key {name!r} is not allowed", value=value,
+                                expected="a list of column names")
+        for column, width in self.multi_hot.items():
+            if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+                raise DataError(f"mapping key 'multi_hot.{column}' is not allowed", value=width,
+                                expected="a width (an integer >= 1)")
+        if self.label_range is not None and not self.label_range[0] <= self.label_range[1]:
+            raise DataError("mapping key 'label_range' is not allowed", value=list(self.label_range),
+                            expected="[low, high] with low <= high")
+        roles = [*self.sparse, *self.multi_hot, *self.dense]
+        twice = sorted({c for c in roles if roles.count(c) > 1})
+        if twice:
+            raise DataError(f"column {twice[0]!r} has two roles in the mapping",
+                            expected="each column in one of sparse, multi_hot, dense")
+        if not self.header and not self.columns:
+            raise DataError("mapping key 'columns' is missing: header: false needs the column "
+                            "names, e.g. columns: [user, item, rating]")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CsvMapping":
         """Builds a mapping from a parsed YAML/JSON dict, rejecting unknown keys."""
+        if not isinstance(d, dict):
+            raise DataError("a mapping must be a YAML mapping of keys", value=d,
+                            expected=f"keys among {sorted(f.name for f in dataclasses.fields(cls))}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise DataError(f"unknown mapping keys {unknown}", expected=f"keys among {sorted(known)}")
+        for name in ("task", "label"):
+            if name not in d:
+                raise DataError(f"mapping key {name!r} is missing", expected="a column name")
         d = dict(d)
         if isinstance(d.get("multi_hot"), list):  # ["genres:6", ...] from the command line
             d["multi_hot"] = dict(_name_width(s) for s in d["multi_hot"])
+        for name in ("label_threshold",):
+            if d.get(name) is not None:
+                d[name] = _number(d[name], name)
         if d.get("label_range") is not None:
-            d["label_range"] = tuple(float(v) for v in d["label_range"])
+            rng = d["label_range"]
+            if not isinstance(rng, (list, tuple)) or len(rng) != 2:
+                raise DataError("mapping key 'label_range' is not allowed", value=rng,
+                                expected="[low, high]")
+            d["label_range"] = tuple(_number(v, "label_range") for v in rng)
+        joins = d.get("join") or []
+        if not isinstance(joins, list):
+            raise DataError("mapping key 'join' is not allowed", value=joins,
+                            expected="a list of side files {path, key, ...}")
+        d["join"] = [j if isinstance(j, JoinSpec) else JoinSpec.from_dict(j, f"join[{i}]")
+                     for i, j in enumerate(joins)]
         return cls(**d)
 
     @classmethod
     def from_yaml(cls, path: str) -> "CsvMapping":
         import yaml
 
-        with open(path) as f:
-            return cls.from_dict(yaml.safe_load(f) or {})
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = yaml.safe_load(f) or {}
+        except OSError as e:
+            raise DataError(f"cannot read the mapping file: {e.strerror}", file=path) from e
+        except yaml.YAMLError as e:
+            raise DataError(f"mapping file is not valid YAML: {e}", file=path) from e
+        try:
+            return cls.from_dict(raw)
+        except DataError as e:
+            raise DataError(str(e), file=path) from e
 
     def schema(self) -> Schema:
         """The output schema this mapping produces."""
@@ -93,11 +159,24 @@ class CsvMapping:
                 features.append(Feature(self.label, FeatureKind.LABEL, value_range=self.label_range))
         return Schema(features)
 
-    def input_columns(self) -> list[str]:
+    def joined_columns(self, sides: list[SideTable]) -> set[str]:
+        return {c for side in sides for c in side.columns}
+
+    def input_columns(self, joined: set[str] = frozenset()) -> list[str]:
+        """Columns read from the main file (joined ones come from side files)."""
         cols = [self.task, self.label, *self.sparse, *self.multi_hot, *self.dense]
         if self.order_by:
             cols.append(self.order_by)
+        cols = [c for c in cols if c not in joined]
+        cols += [j.main_column for j in self.join]
         return list(dict.fromkeys(cols))
+
+
+def _number(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise DataError(f"mapping key {key!r} is not allowed", value=value,
+                        expected="a finite number")
+    return float(value)
 
 
 def _name_width(spec: str) -> tuple[str, int]:
@@ -107,62 +186,107 @@ def _name_width(spec: str) -> tuple[str, int]:
     return name, int(width)
 
 
-def _column_types(mapping: CsvMapping) -> dict[str, pa.DataType]:
-    types: dict[str, pa.DataType] = {c: pa.string() for c in (mapping.task, *mapping.sparse,
-                                                              *mapping.multi_hot)}
-    types.update({c: pa.float64() for c in (mapping.label, *mapping.dense)})
-    if mapping.order_by:
-        types[mapping.order_by] = pa.float64()
-    return types
+class _RowParser:
+    """Text columns of one batch -> the storage columns of the mapping's schema."""
+
+    def __init__(self, mapping: CsvMapping, sides: list[SideTable], policy: str,
+                 counts: CsvCounts) -> None:
+        self.mapping, self.sides, self.policy, self.counts = mapping, sides, policy, counts
+
+    def parse(self, batch: pa.RecordBatch, lines: np.ndarray, path: str) -> RawBatch:
+        m = self.mapping
+        text = {name: batch.column(name) for name in batch.schema.names}
+        for side in self.sides:
+            text.update(side.join(text[side.spec.main_column], self.counts))
+        values, problems = {}, []
+        for column in dict.fromkeys([m.label, *m.dense]):
+            values[column], bad = numbers(text[column])
+            problems.append((bad, column, "not a number"))
+        if m.order_by:
+            values[ORDER_COLUMN], bad = timestamps(text[m.order_by])
+            problems.append((bad, m.order_by, "not a number or an ISO date-time"))
+        empty_task = pc.equal(pc.utf8_trim_whitespace(text[m.task]), "").to_numpy(
+            zero_copy_only=False)
+        problems.append((empty_task, m.task, "empty task value"))
+        keep = self._keep(problems, text, lines, path)
+        if keep is not None:
+            text = {k: v.filter(pa.array(keep)) for k, v in text.items()}
+            values = {k: v[keep] for k, v in values.items()}
+            lines = lines[keep]
+        return RawBatch(columns_to_batch(self._columns(text, values)), path, 0, lines)
+
+    def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str) -> np.ndarray | None:
+        """None when every row is good; otherwise the rows to keep (policy "skip")."""
+        bad = np.zeros(len(lines), bool)
+        for mask, _, _ in problems:
+            bad |= mask
+        if not bad.any():
+            return None
+        if self.policy == "error":
+            i = int(np.flatnonzero(bad)[0])
+            _, column, problem = next(p for p in problems if p[0][i])
+            raise DataError(f"line {lines[i]}: {problem}; --bad-rows skip drops such rows",
+                            file=path, column=column, value=text[column][i].as_py())
+        self.counts.rows_skipped_bad_value += int(bad.sum())
+        return ~bad
+
+    def _columns(self, text: dict, values: dict) -> dict[str, np.ndarray]:
+        m = self.mapping
+        cols: dict[str, np.ndarray] = {TASK_COLUMN: hashing.to_ids(pc.utf8_trim_whitespace(
+            text[m.task]), m.task)}
+        for c in m.sparse:
+            cols[c] = hashing.to_ids(pc.utf8_trim_whitespace(text[c]), c)
+        for c, width in m.multi_hot.items():
+            slots, truncated = hashing.to_slots(text[c], c, m.separator, width)
+            self.counts.truncated_multi_hot_rows += truncated
+            cols.update({f"{c}__{i}": slots[:, i] for i in range(width)})
+        for c in m.dense:
+            self.counts.missing_dense_values += int(np.isnan(values[c]).sum())
+            cols[c] = np.nan_to_num(values[c], nan=0.0).astype(np.float32)
+        raw = values[m.label].astype(np.float32)
+        if m.label_threshold is None:
+            cols[LABEL] = raw
+        else:  # NaN stays NaN so the label check still sees it
+            cols[LABEL] = np.where(np.isnan(raw), np.nan, raw >= m.label_threshold).astype(np.float32)
+            if m.label != LABEL:
+                cols[m.label] = raw
+        if m.order_by:
+            cols[ORDER_COLUMN] = values[ORDER_COLUMN]
+        return cols
 
 
-def _open(path: str, mapping: CsvMapping, block_bytes: int) -> pacsv.CSVStreamingReader:
-    read = pacsv.ReadOptions(block_size=block_bytes,
-                             column_names=None if mapping.header else mapping.columns)
-    if not mapping.header and not mapping.columns:
-        raise DataError("header: false needs `columns`", file=path)
-    try:
-        return pacsv.open_csv(
-            path, read_options=read,
-            parse_options=pacsv.ParseOptions(delimiter=mapping.delimiter),
-            convert_options=pacsv.ConvertOptions(include_columns=mapping.input_columns(),
-                                                 column_types=_column_types(mapping)))
-    except (pa.ArrowInvalid, KeyError) as e:
-        raise DataError(f"cannot read as CSV with this mapping: {e}", file=path) from e
-    except FileNotFoundError as e:
-        raise DataError("input file not found", file=path) from e
-
-
-def _parse(batch: pa.RecordBatch, mapping: CsvMapping, counts: dict[str, int]) -> pa.RecordBatch:
-    cols: dict[str, np.ndarray] = {TASK_COLUMN: hashing.to_ids(batch.column(mapping.task), mapping.task)}
-    for c in mapping.sparse:
-        cols[c] = hashing.to_ids(batch.column(c), c)
-    for c, width in mapping.multi_hot.items():
-        slots, truncated = hashing.to_slots(batch.column(c), c, mapping.separator, width)
-        counts["truncated_multi_hot_rows"] += truncated
-        cols.update({f"{c}__{i}": slots[:, i] for i in range(width)})
-    for c in mapping.dense:
-        values = batch.column(c).to_numpy(zero_copy_only=False).astype(np.float32)
-        counts["missing_dense_values"] += int(np.isnan(values).sum())
-        cols[c] = np.nan_to_num(values, nan=0.0)
-    raw = batch.column(mapping.label).to_numpy(zero_copy_only=False).astype(np.float32)
-    if mapping.label_threshold is None:
-        cols[LABEL] = raw
-    else:  # NaN stays NaN so the label check still sees it
-        cols[LABEL] = np.where(np.isnan(raw), np.nan, raw >= mapping.label_threshold).astype(np.float32)
-        if mapping.label != LABEL:
-            cols[mapping.label] = raw
-    if mapping.order_by:
-        cols[ORDER_COLUMN] = batch.column(mapping.order_by).to_numpy(zero_copy_only=False)
-    return columns_to_batch(cols)
-
-
-def _raw_batches(paths: list[str], mapping: CsvMapping, counts: dict[str, int],
-                 block_bytes: int) -> Iterator[RawBatch]:
+def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], policy: str,
+                 counts: CsvCounts, block_bytes: int) -> Iterator[RawBatch]:
+    parser = _RowParser(mapping, sides, policy, counts)
+    columns = mapping.input_columns(mapping.joined_columns(sides))
     for path in paths:
-        opener = functools.partial(_open, path, mapping, block_bytes)
-        for batch, first_row in record_batches(opener, path, "CSV"):
-            yield RawBatch(_parse(batch, mapping, counts), path, first_row)
+        for batch, lines in text_batches(path, columns, delimiter=mapping.delimiter,
+                                         header=mapping.header, names=mapping.columns,
+                                         policy=policy, counts=counts, block_bytes=block_bytes):
+            yield parser.parse(batch, lines, path)
+
+
+def _side_tables(mapping: CsvMapping) -> list[SideTable]:
+    sides = [SideTable(spec, mapping.delimiter) for spec in mapping.join]
+    seen: dict[str, str] = {}
+    for side in sides:
+        for column in side.columns:
+            if column in seen:
+                raise DataError(f"column {column!r} comes from two side files ({seen[column]} "
+                                f"and {side.spec.path}); list the wanted ones under "
+                                f"join[].columns", file=side.spec.path, column=column)
+            seen[column] = side.spec.path
+    return sides
+
+
+def source_record(paths: list[str], mapping: CsvMapping) -> dict:
+    """What a CSV conversion records as its source: inputs (with sizes and modification
+    times, so a pipeline notices an edited input) and the mapping."""
+    files = [*paths, *(j.path for j in mapping.join)]
+    return {"kind": "csv", "paths": [os.path.abspath(p) for p in paths],
+            "mapping": json.loads(json.dumps(dataclasses.asdict(mapping))),  # as a manifest has it
+            "inputs": {os.path.abspath(p): [os.path.getsize(p), int(os.path.getmtime(p))]
+                       for p in files if os.path.exists(p)}}
 
 
 def convert_csv(src: str | list[str], out_dir: str, mapping: CsvMapping | dict | str,
@@ -175,16 +299,21 @@ def convert_csv(src: str | list[str], out_dir: str, mapping: CsvMapping | dict |
         out_dir: Output dataset directory.
         mapping: A ``CsvMapping``, its dict form, or a YAML file path.
         split: Cold-start split parameters (default ``SplitConfig()``).
-        output: File format and sizes (default ``OutputConfig()``).
+        output: File format, sizes, overwrite and bad-row policy (default ``OutputConfig()``).
         block_bytes: CSV bytes parsed per batch.
 
     Returns:
         The manifest of the written dataset.
 
+    Raises:
+        DataError: A missing file or column, a bad line (policy "error", naming the file,
+            line, column and value), or no data row at all.
+
     Example::
 
         convert_csv("ratings.csv", "out/", {"task": "user", "label": "rating",
-                    "label_threshold": 4, "sparse": ["user", "item"]})
+                    "label_threshold": 4, "sparse": ["user", "item"],
+                    "join": [{"path": "items.csv", "key": "item"}]})
     """
     if isinstance(mapping, str):
         mapping = CsvMapping.from_yaml(mapping)
@@ -194,12 +323,11 @@ def convert_csv(src: str | list[str], out_dir: str, mapping: CsvMapping | dict |
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
         raise DataError("input file not found", file=missing[0])
-    counts = {"truncated_multi_hot_rows": 0, "missing_dense_values": 0}
-    manifest = convert(_raw_batches(paths, mapping, counts, block_bytes), mapping.schema(), out_dir,
-                       split=split or SplitConfig(), output=output or OutputConfig(),
+    output = output or OutputConfig()
+    sides = _side_tables(mapping)
+    counts = CsvCounts()
+    manifest = convert(_raw_batches(paths, mapping, sides, output.bad_rows, counts, block_bytes),
+                       mapping.schema(), out_dir, split=split or SplitConfig(), output=output,
                        input_bytes=sum(os.path.getsize(p) for p in paths),
-                       source={"kind": "csv", "paths": paths, "mapping": dataclasses.asdict(mapping)})
-    for what, n in counts.items():
-        if n:
-            log.warning("%s: %d", what.replace("_", " "), n)
+                       source=source_record(paths, mapping), input_counts=counts.as_dict)
     return manifest

@@ -23,11 +23,14 @@ from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.partition import TaskPartitioner
 from gmeta_tf.data.schema import TASK_COLUMN, Schema
-from gmeta_tf.data.split import SplitConfig, split_record, split_tasks
+from gmeta_tf.data.split import SPLITS, SplitConfig, split_record, split_tasks
 from gmeta_tf.data.writer import DatasetWriter
 
 log = logging.getLogger(__name__)
 BAD_ROW_POLICIES = ("error", "skip")
+#: Blocks per split a converter aims at by default: enough for 16 ranks.
+DEFAULT_MIN_BLOCKS = 16
+MAX_AUTO_ROWS_PER_BLOCK = 1 << 16
 
 
 @dataclasses.dataclass
@@ -36,25 +39,52 @@ class OutputConfig:
 
     Args:
         file_format: "parquet" or "orc".
-        rows_per_file: Target rows per data file (files end on a block boundary).
-        rows_per_block: Target rows per block (a Parquet row group of whole tasks).
+        rows_per_file: Target rows per data file (files end on a block boundary, so a
+            block is never longer than a file: blocks are cut at ``min(rows_per_block,
+            rows_per_file)`` rows).
+        rows_per_block: Target rows per block (a Parquet row group of whole tasks; blocks
+            are what ranks share out). None chooses it from the row count so that each
+            split has at least ``min_blocks`` blocks (when it has that many tasks), capped
+            at ``MAX_AUTO_ROWS_PER_BLOCK``.
         bucket_bytes: Raw input bytes per on-disk task bucket; bounds converter memory.
-        overwrite: Replace an existing output directory.
-        bad_rows: "error" stops at the first NaN/out-of-range label; "skip" drops such
-            rows and logs how many.
+        overwrite: Replace an existing output directory (the new dataset must have rows;
+            the log compares it with the one it replaces).
+        bad_rows: "error" stops at the first bad row (malformed line, value that is not a
+            number, NaN/out-of-range label); "skip" drops such rows and counts them.
+        min_blocks: With ``rows_per_block`` None: the blocks each split should have, at
+            least the number of ranks that will read it.
     """
 
     file_format: str = "parquet"
     rows_per_file: int = 1 << 20
-    rows_per_block: int = 1 << 16
+    rows_per_block: int | None = None
     bucket_bytes: int = 256 << 20
     overwrite: bool = False
     bad_rows: str = "error"
+    min_blocks: int = DEFAULT_MIN_BLOCKS
 
     def __post_init__(self) -> None:
         if self.bad_rows not in BAD_ROW_POLICIES:
             raise DataError("unknown bad_rows policy", value=self.bad_rows,
                             expected=f"one of {BAD_ROW_POLICIES}")
+        for name in ("rows_per_file", "rows_per_block", "bucket_bytes", "min_blocks"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise DataError(f"output option {name!r} is not allowed", value=value,
+                                expected="an integer >= 1")
+
+    def block_rows(self, rows: int, split: SplitConfig) -> int:
+        """Rows per block for a dataset of ``rows`` rows (see ``rows_per_block``)."""
+        if self.rows_per_block is not None:
+            return min(self.rows_per_block, self.rows_per_file)
+        wf, vf = split.warm_fraction, split.valid_fraction
+        shares = (wf * (1.0 - vf), wf * vf, 1.0 - wf)  # warm, valid, cold
+        smaller = min((f for f in shares if f > 0), default=1.0)
+        # Half the even share: a split's size varies with the seed, and a block overshoots
+        # its target to the end of its last task.
+        auto = max(1, int(rows * smaller) // (2 * self.min_blocks))
+        return min(auto, MAX_AUTO_ROWS_PER_BLOCK, self.rows_per_file)
 
 
 @dataclasses.dataclass
@@ -64,6 +94,13 @@ class RawBatch:
     batch: pa.RecordBatch
     source: str
     first_row: int  # 0-based index of the batch's first data row in ``source``
+    lines: np.ndarray | None = None  # the physical line of every row, when known
+
+    def where(self, i: int) -> str:
+        """Row ``i`` in words, for an error message."""
+        if self.lines is not None:
+            return f"line {int(self.lines[i])}"
+        return f"row {self.first_row + i}"
 
 
 def record_batches(open_reader: Callable[[], Any], path: str,
@@ -113,7 +150,7 @@ def check_labels(raw: RawBatch, schema: Schema, policy: str) -> tuple[pa.RecordB
             i = int(np.flatnonzero(this_bad)[0])
             task = raw.batch.column(TASK_COLUMN)[i].as_py()
             what = "NaN or missing label" if np.isnan(values[i]) else "label out of range"
-            raise DataError(f"row {raw.first_row + i}: {what}", file=raw.source,
+            raise DataError(f"{raw.where(i)}: {what}", file=raw.source,
                             column=label.name, task=task, value=float(values[i]),
                             expected=f"a number in [{lo:g}, {hi:g}]")
         bad |= this_bad
@@ -129,7 +166,7 @@ def num_buckets(input_bytes: int, bucket_bytes: int) -> int:
 
 def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
             split: SplitConfig, output: OutputConfig, input_bytes: int,
-            source: dict) -> Manifest:
+            source: dict, input_counts: Callable[[], dict] | None = None) -> Manifest:
     """Runs the shared conversion: check, bucket, split, write, commit.
 
     Args:
@@ -140,19 +177,30 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
         output: File format, sizes, overwrite and bad-row policy.
         input_bytes: Size of the raw input, to size the on-disk buckets.
         source: What was converted (recorded in the manifest).
+        input_counts: Called after the last batch: the converter's own counts (lines
+            skipped, values repaired), recorded in the manifest and logged.
 
     Returns:
         The manifest of the committed dataset.
+
+    Raises:
+        DataError: The input has no data row, or no task is left after the split's
+            ``min_rows``/``max_rows``; nothing is written then (an existing dataset at
+            ``out_dir`` stays as it was).
     """
     counts: collections.Counter = collections.Counter()
     with DatasetWriter(out_dir, schema, output.file_format, output.rows_per_file,
-                       output.rows_per_block, output.overwrite) as writer:
+                       output.rows_per_block or output.rows_per_file,
+                       output.overwrite) as writer:
         spill = os.path.join(writer.tmp_dir, "_spill")
         with TaskPartitioner(spill, num_buckets(input_bytes, output.bucket_bytes)) as part:
             for batch, skipped in _checked(raw_batches, schema, output.bad_rows):
                 counts["rows_skipped_bad_label"] += skipped
                 part.add(batch)
             counts["rows_in"] = part.rows
+            counts.update(input_counts() if input_counts else {})
+            _refuse_empty(counts, source, out_dir)
+            writer.rows_per_block = output.block_rows(part.rows, split)
             for table in part.buckets():
                 tables, bucket_counts = split_tasks(table, split)
                 for name, rows in tables.items():
@@ -160,7 +208,30 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
                 counts.update(bucket_counts)
         shutil.rmtree(spill, ignore_errors=True)
         _log_skips(counts, split)
-        return writer.commit({**split_record(split, dict(counts)), "source": source})
+        if not sum(counts[f"{name}_tasks"] for name in SPLITS):
+            raise DataError(f"no task left to write: all {counts['dropped_short']} tasks have "
+                            f"fewer than min_rows={split.min_rows} rows and "
+                            f"{counts['dropped_long']} more than max_rows={split.max_rows}",
+                            file=_inputs(source))
+        record = {**split_record(split, dict(counts)), "source": source,
+                  "output": {"rows_per_block": writer.rows_per_block,
+                             "rows_per_file": output.rows_per_file,
+                             "rows_per_block_option": output.rows_per_block}}
+        return writer.commit(record)
+
+
+def _inputs(source: dict) -> str:
+    paths = source.get("paths") or [source.get("path", "?")]
+    return ", ".join(map(str, paths))
+
+
+def _refuse_empty(counts: collections.Counter, source: dict, out_dir: str) -> None:
+    if counts["rows_in"]:
+        return
+    skipped = {k: v for k, v in counts.items() if k != "rows_in" and v}
+    why = f" (all dropped: {skipped})" if skipped else " (a header only, or blank lines)"
+    raise DataError(f"no data rows in the input{why}; nothing written, {out_dir} is left as "
+                    f"it was", file=_inputs(source))
 
 
 def _checked(raw_batches: Iterable[RawBatch], schema: Schema,
@@ -170,6 +241,10 @@ def _checked(raw_batches: Iterable[RawBatch], schema: Schema,
 
 
 def _log_skips(counts: collections.Counter, split: SplitConfig) -> None:
+    for what in ("lines_skipped_malformed", "rows_skipped_bad_value", "blank_lines",
+                 "truncated_multi_hot_rows", "missing_dense_values", "rows_without_join_match"):
+        if counts[what]:
+            log.warning("%s: %d", what.replace("_", " "), counts[what])
     if counts["rows_skipped_bad_label"]:
         log.warning("skipped %d rows with a NaN or out-of-range label",
                     counts["rows_skipped_bad_label"])

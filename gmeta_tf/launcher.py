@@ -1,0 +1,110 @@
+"""``gmeta train --np N``: runs the ranks under ``horovodrun`` and returns their status.
+
+``horovodrun`` itself exits 1 with a traceback of its own whenever a rank fails, whatever
+the rank said. Here every rank that stops on bad input (status 2) writes its status and
+message to a directory the launcher made (``GMETA_STATUS_DIR``); the launcher passes the
+ranks' output through as it comes, and at the end prints the ranks' message once and
+exits with their status. Its own traceback is shown only when no rank reported a status
+(a crash, a kill, a launcher problem).
+
+Example::
+
+    gmeta train --np 2 --config pipelines/mine.yaml --fresh
+    # = horovodrun -np 2 -H localhost:2 python -m gmeta_tf.cli train --config ... --fresh
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+STATUS_DIR_ENV = "GMETA_STATUS_DIR"
+_RANK_ENVS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def horovodrun() -> str:
+    """The ``horovodrun`` beside this Python (the project's venv), else the one on PATH."""
+    beside = Path(sys.executable).with_name("horovodrun")
+    return str(beside) if beside.exists() else (shutil.which("horovodrun") or "horovodrun")
+
+
+def record_status(status: int, message: str) -> None:
+    """In a rank launched by ``run_ranks``: records why it stops (a no-op elsewhere)."""
+    directory = os.environ.get(STATUS_DIR_ENV)
+    if not directory:
+        return
+    rank = next((os.environ[e] for e in _RANK_ENVS if e in os.environ), "0")
+    path = Path(directory, f"rank{rank}.json")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"rank": int(rank), "status": status, "message": message}))
+    os.replace(tmp, path)
+
+
+def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
+              extra: Sequence[str] = ()) -> int:
+    """Runs ``gmeta <argv>`` as ``np_`` ranks; returns the ranks' exit status.
+
+    Args:
+        argv: The gmeta arguments of every rank (e.g. ``["train", "--config", "x.yaml"]``).
+        np_: Number of ranks.
+        hosts: ``horovodrun -H`` (default ``localhost:np_``).
+        extra: More ``horovodrun`` options (e.g. ``--network-interface eth0``).
+    """
+    status_dir = tempfile.mkdtemp(prefix="gmeta-ranks-")
+    command = [horovodrun(), "-np", str(np_), "-H", hosts or f"localhost:{np_}", *extra,
+               sys.executable, "-m", "gmeta_tf.cli", *argv]
+    env = dict(os.environ, **{STATUS_DIR_ENV: status_dir})
+    try:
+        launcher_lines, code = _pass_through(command, env)
+        statuses = _statuses(status_dir)
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
+    failed = [s for s in statuses if s["status"] != 0]
+    if failed:
+        worst = max(s["status"] for s in failed)
+        messages = list(dict.fromkeys(s["message"] for s in sorted(failed, key=lambda s: s["rank"])
+                                      if s["status"] == worst))
+        for message in messages:
+            print(f"gmeta: error: {message}", file=sys.stderr)
+        return worst
+    if code != 0:
+        sys.stderr.writelines(launcher_lines)
+        print(f"gmeta: error: horovodrun exited with status {code} and no rank reported why "
+              f"(see the output above)", file=sys.stderr)
+    return code
+
+
+def _pass_through(command: list[str], env: dict) -> tuple[list[str], int]:
+    """Runs the launcher, printing the ranks' lines as they come; returns the launcher's
+    own trailing traceback lines (held back) and its exit code."""
+    held: list[str] = []
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+    except FileNotFoundError as err:
+        raise SystemExit(f"gmeta: error: cannot run {command[0]}: {err.strerror} (run "
+                         f"scripts/setup.sh, which builds Horovod)") from err
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if held or line.startswith("Traceback (most recent call last)"):
+            held.append(line)
+        else:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    return held, proc.wait()
+
+
+def _statuses(directory: str) -> list[dict]:
+    out = []
+    for path in sorted(Path(directory).glob("rank*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out

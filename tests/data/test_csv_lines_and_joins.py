@@ -1,0 +1,157 @@
+"""CSV conversion of a user's own files: line numbers, bad rows, side-file joins, block
+sizes, refusals that keep a good dataset, and ``info`` verifying checksums."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from gmeta_tf import data
+from gmeta_tf.data import cli, hashing
+
+SPLIT = data.SplitConfig(query_size=2, min_rows=3)
+MAPPING = {"task": "user_id", "label": "rating", "label_range": [1, 5],
+           "sparse": ["item_id"]}
+
+
+def ratings(path, lines):
+    path.write_text("\n".join(["user_id,item_id,rating,timestamp"] + lines) + "\n")
+    return path
+
+
+GOOD = [f"u{u},{i},{1 + (u + i) % 5},{100 * u + i}" for u in range(1, 7) for i in range(1, 9)]
+
+
+def rows_of(out) -> int:
+    return sum(f.rows for f in data.Manifest.load(str(out)).files)
+
+
+def test_a_bad_value_is_reported_by_its_line_and_column_name(tmp_path):
+    # line 1 header, 2..11 good, 12 blank, 13 malformed (skipped), 14 good, 15 bad number
+    lines = GOOD[:10] + ["", "u1,7", GOOD[10], "u2,3,five,7"] + GOOD[11:]
+    src = ratings(tmp_path / "r.csv", lines)
+    with pytest.raises(data.DataError, match=r"r.csv: line 13: malformed line with 2 columns, "
+                                             r"expected 4 \(user_id, item_id, rating, "
+                                             r"timestamp\).*\(got 'u1,7'\)"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    lines = GOOD[:10] + ["", GOOD[10], "u2,3,five,7"] + GOOD[11:]
+    src = ratings(tmp_path / "r2.csv", lines)
+    with pytest.raises(data.DataError, match=r"r2.csv: column 'rating': line 14: not a number"
+                                             r".*\(got 'five'\)"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_rows_skip_drops_malformed_lines_and_bad_values_and_counts_them(tmp_path):
+    lines = GOOD[:10] + ["", "u1,7", "u2,3,five,7", ",4,3,9", "u3,4,9,9", "u4,1,2,3,4"] + GOOD[10:]
+    src = ratings(tmp_path / "r.csv", lines)
+    m = data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
+                         output=data.OutputConfig(bad_rows="skip"))
+    assert rows_of(tmp_path / "out") == len(GOOD)
+    counts = {k: m.split[k] for k in ("lines_skipped_malformed", "rows_skipped_bad_value",
+                                      "rows_skipped_bad_label", "blank_lines", "rows_in")}
+    assert counts == {"lines_skipped_malformed": 2, "rows_skipped_bad_value": 2,
+                      "rows_skipped_bad_label": 1, "blank_lines": 1,
+                      "rows_in": len(GOOD)}
+
+
+def test_header_only_input_is_refused_and_the_good_dataset_stays(tmp_path, capsys):
+    out = tmp_path / "out"
+    data.convert_csv(str(ratings(tmp_path / "good.csv", GOOD)), str(out), MAPPING, split=SPLIT)
+    before = data.Manifest.load(str(out)).files
+    empty = ratings(tmp_path / "empty.csv", [])
+    code = cli.main(["csv", str(empty), str(out), "--task", "user_id", "--label", "rating",
+                     "--sparse", "item_id", "--overwrite"])
+    assert code == 2
+    assert "empty.csv: no data rows in the input" in capsys.readouterr().err
+    assert data.Manifest.load(str(out)).files == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv", "good.csv", "out"]
+
+
+def test_an_input_whose_every_task_is_dropped_is_refused(tmp_path):
+    src = ratings(tmp_path / "r.csv", GOOD)
+    with pytest.raises(data.DataError, match="no task left to write"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING,
+                         split=data.SplitConfig(query_size=2, min_rows=50))
+
+
+def test_an_overwrite_with_fewer_rows_is_logged_as_a_warning(tmp_path, caplog):
+    out = tmp_path / "out"
+    data.convert_csv(str(ratings(tmp_path / "a.csv", GOOD)), str(out), MAPPING, split=SPLIT)
+    with caplog.at_level("WARNING"):
+        data.convert_csv(str(ratings(tmp_path / "b.csv", GOOD[:24])), str(out), MAPPING,
+                         split=SPLIT, output=data.OutputConfig(overwrite=True))
+    assert f"replacing dataset {out} ({len(GOOD)} rows" in caplog.text
+    assert "the new dataset is SMALLER" in caplog.text
+
+
+def test_side_files_join_on_a_key(tmp_path):
+    items = tmp_path / "items.csv"
+    items.write_text("item_id,genres,year\n1,Comedy|Drama,1990\n2,Horror,\n3,,2001\n"
+                     "4,Action|Comedy|Drama|Horror,1999\n5,Drama,1980\n6,Comedy,1970\n"
+                     "7,Drama,1960\n")  # no item 8
+    mapping = {**MAPPING, "sparse": ["item_id", "year"], "multi_hot": {"genres": 3},
+               "join": [{"path": str(items), "key": "item_id"}]}
+    m = data.convert_csv(str(ratings(tmp_path / "r.csv", GOOD)), str(tmp_path / "out"),
+                         mapping, split=SPLIT)
+    assert m.split["rows_without_join_match"] == 6  # item 8 of six users
+    assert m.split["truncated_multi_hot_rows"] == 6  # item 4 has four genres
+    table = pq.read_table(tmp_path / "out" / m.files[0].path)
+    genres, _ = hashing.to_slots(__import__("pyarrow").array(
+        ["Comedy|Drama", "Horror", "", "Action|Comedy|Drama|Horror", "Drama", "Comedy",
+         "Drama", ""]), "genres", "|", 3)
+    item = table.column("item_id").to_numpy()
+    got = np.stack([table.column(f"genres__{i}").to_numpy() for i in range(3)], axis=1)
+    np.testing.assert_array_equal(got, genres[item - 1])
+    years = {1: 1990, 2: 0, 3: 2001, 4: 1999, 5: 1980, 6: 1970, 7: 1960, 8: 0}
+    assert table.column("year").to_pylist() == [years[i] for i in item]
+
+
+def test_a_side_file_with_a_repeated_key_is_refused_by_line(tmp_path):
+    items = tmp_path / "items.csv"
+    items.write_text("item_id,year\n1,1990\n2,1991\n1,1992\n")
+    mapping = {**MAPPING, "sparse": ["item_id", "year"],
+               "join": [{"path": str(items), "key": "item_id"}]}
+    with pytest.raises(data.DataError, match=r"items.csv: column 'item_id': line 4: key "
+                                             r"repeated \(first on line 2\)"):
+        data.convert_csv(str(ratings(tmp_path / "r.csv", GOOD)), str(tmp_path / "out"),
+                         mapping, split=SPLIT)
+
+
+def test_default_blocks_give_every_split_16_blocks_and_rows_per_file_is_honoured(tmp_path):
+    lines = [f"u{u},{i},{1 + (u + i) % 5},{i}" for u in range(200) for i in range(5)]
+    src = ratings(tmp_path / "r.csv", lines)
+    m = data.convert_csv(str(src), str(tmp_path / "a"), MAPPING, split=SPLIT)
+    for split in ("warm", "cold"):
+        assert sum(len(f.blocks) for f in m.files_of(split)) >= 16
+    m = data.convert_csv(str(src), str(tmp_path / "b"), MAPPING, split=SPLIT,
+                         output=data.OutputConfig(rows_per_file=100))
+    assert all(f.rows <= 104 for f in m.files) and len(m.files_of("warm")) >= 7
+
+
+def test_info_verifies_every_checksum(tmp_path, capsys):
+    out = tmp_path / "out"
+    m = data.convert_csv(str(ratings(tmp_path / "r.csv", GOOD)), str(out), MAPPING, split=SPLIT)
+    assert cli.main(["info", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["verified"] == "size and sha256 of every file"
+    path = out / m.files[-1].path
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size, different bytes
+    path.write_bytes(bytes(raw))
+    assert cli.main(["info", str(out)]) == 2
+    assert f"{path}: checksum mismatch" in capsys.readouterr().err
+
+
+def test_csv_help_describes_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["csv", "--help"])
+    text = capsys.readouterr().out
+    parser = cli._parser()
+    csv = parser._subparsers._group_actions[0].choices["csv"]
+    for action in csv._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help, f"{action.option_strings} has no help"
+            assert action.option_strings[0] in text

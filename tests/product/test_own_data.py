@@ -1,0 +1,107 @@
+"""The README's "Your own data" section, walked as written on small CSV files made here:
+ratings + items (joined) -> meta pipeline on 2 ranks -> eval -> export -> a fresh process
+serving the SavedModel as the trained model predicts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from gmeta_tf import data as meta_io
+from gmeta_tf.config import load_config
+from gmeta_tf.data import hashing
+from tests.product.own_data import gmeta, readme_block, readme_commands_after, write_ratings
+
+#: Only the run's length shrinks; every other key is the README's.
+SHORT = ["--set", "train.steps=6", "--set", "train.log_every=3", "--set", "train.eval_every=3",
+         "--set", "train.checkpoint_every=3", "--set", "train.eval_batches=1"]
+
+
+def run_readme_commands(work: Path, first_line: str) -> list[subprocess.CompletedProcess]:
+    results = []
+    for words in readme_commands_after(first_line):
+        assert words[0] == "gmeta", words
+        extra = SHORT if words[1] in ("train", "eval", "export") else []
+        result = subprocess.run([gmeta(), *words[1:], *extra], cwd=work, capture_output=True,
+                                text=True, timeout=900,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        assert result.returncode == 0, f"{words} exited {result.returncode}:\n" \
+                                       f"{(result.stdout + result.stderr)[-5000:]}"
+        results.append(result)
+    return results
+
+
+@pytest.fixture(scope="module")
+def ratings_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("own_ratings")
+    rows = write_ratings(work)
+    (work / "my_ratings.yaml").write_text(readme_block("# my_ratings.yaml"))
+    results = run_readme_commands(work, "# my_ratings.yaml")
+    cwd = Path.cwd()
+    os.chdir(work)  # the README's relative paths are relative to the working directory
+    try:
+        config = load_config("my_ratings.yaml", [s for s in SHORT if s != "--set"])
+    finally:
+        os.chdir(cwd)
+    return work, rows, config, results
+
+
+def test_every_rating_row_is_in_the_dataset_with_its_items_genres(ratings_run):
+    work, rows, config, _ = ratings_run
+    manifest = meta_io.Manifest.load(config.data.path)
+    assert sum(f.rows for f in manifest.files) == rows  # no user below min_rows: none lost
+    assert manifest.split["rows_without_join_match"] == 0
+    items = pacsv.read_csv(work / "items.csv",
+                           convert_options=pacsv.ConvertOptions(column_types={
+                               "item_id": pa.int64(), "genres": pa.string()}))
+    expected, _ = hashing.to_slots(items.column("genres"), "genres", "|", 3)
+    by_item = dict(zip(items.column("item_id").to_pylist(), expected))
+    for entry in manifest.files:
+        table = meta_io.TaskDataset(config.data.path, entry.split, rank=0, size=1,
+                                    verify="checksum")
+        for batch in table.rows(4096):
+            genres = batch["genres"].numpy()
+            want = np.stack([by_item[int(i)] for i in batch["item_id"].numpy()])
+            np.testing.assert_array_equal(genres, want)
+            assert (genres[:, 0] != meta_io.PAD_ID).all()  # every item has a genre
+
+
+def test_training_ran_on_two_ranks_and_eval_compares_with_the_baseline(ratings_run):
+    _, _, config, _ = ratings_run
+    summary = json.loads(Path(config.run_dir, "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 6
+    result = json.loads(Path(config.run_dir, "eval.json").read_text())
+    names = [r["name"] for r in result["rows"]]
+    assert names[0].startswith("meta (maml") and any(n.startswith("baseline") for n in names)
+    for row in result["rows"]:
+        assert 0.0 <= row["auc"] <= 1.0 and row["mae"] > 0 and row["tasks"] > 0
+
+
+def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tmp_path):
+    from gmeta_tf.training.cold_start import restore_models
+
+    _, _, config, _ = ratings_run
+    models, _ = restore_models(config)
+    model = models.model
+    batch = next(iter(meta_io.read_tasks(config.data.path, 2, None, None, split="cold")))
+    real = np.asarray(batch["query"]["mask"][0]) > 0
+    query = {k: np.asarray(v[0])[real] for k, v in batch["query"].items() if k != "mask"}
+    expected = model.adapted_predictions(batch, steps=0).numpy()[0][real]
+    features = model.tower.feature_names
+    np.savez(tmp_path / "in.npz", **{f"serve/{k}": query[k] for k in features})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
+                    str(Path(config.export.dir, "6")), str(tmp_path / "in.npz"),
+                    str(tmp_path / "out.npz")], check=True, cwd=tmp_path, env=env,
+                   capture_output=True, timeout=300)
+    with np.load(tmp_path / "out.npz") as out:
+        assert not out["gmeta_imported"] and not out["op_library_loaded"]
+        np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,152 @@
+"""The traps a user's own data used to fall into: each gives a clear error (status 2, the
+key, file, line or column named) and loses nothing already written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gmeta_tf import checkpoint
+from gmeta_tf import data as meta_io
+from gmeta_tf.cli import main
+from gmeta_tf.config import ConfigError, load_config
+from gmeta_tf.training import prepare_dataset
+from tests.product.conftest import tiny_overrides
+from tests.product.own_data import gmeta, write_ratings
+
+
+def _sets(run_dir: Path, data_dir: Path, steps: int = 4, *more: str) -> list[str]:
+    overrides = tiny_overrides(run_dir, data_dir, steps) + ["train.eval_every=0", *more]
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def _checkpoints(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+@pytest.fixture()
+def trained(tiny_data, tmp_path):
+    """A copy of the tiny dataset and a run with checkpoints 2 and 4 trained on it."""
+    data_dir = tmp_path / "data"
+    shutil.copytree(tiny_data, data_dir)
+    run_dir = tmp_path / "run"
+    assert main(["train", *_sets(run_dir, data_dir, 4, "train.checkpoint_every=2")]) == 0
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+    return run_dir, data_dir
+
+
+def test_fresh_with_a_truncated_data_file_keeps_the_checkpoints(trained, capsys):
+    run_dir, data_dir = trained
+    manifest = meta_io.Manifest.load(str(data_dir))
+    victim = data_dir / manifest.files_of("warm")[0].path
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    assert main(["train", "--fresh", *_sets(run_dir, data_dir)]) == 2
+    assert f"{victim}: file size differs from the manifest" in capsys.readouterr().err
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+    checkpoint.verify(run_dir / "checkpoints" / "ckpt-4")  # intact, checksums and all
+    assert sorted(p.name for p in run_dir.iterdir() if "replaced" in p.name) == []
+
+
+def test_fresh_sets_old_checkpoints_aside_until_its_first_checkpoint(trained, monkeypatch):
+    run_dir, data_dir = trained
+    real_save = checkpoint.save
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save", disk_full)
+    with pytest.raises(OSError):
+        main(["train", "--fresh", *_sets(run_dir, data_dir, 2)])
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]  # moved back
+    assert [p.name for p in run_dir.iterdir() if "replaced" in p.name] == []
+
+    monkeypatch.setattr(checkpoint, "save", real_save)
+    assert main(["train", "--fresh", *_sets(run_dir, data_dir, 2)]) == 0
+    assert _checkpoints(run_dir) == ["ckpt-2"]  # the new run's
+    assert [p.name for p in run_dir.iterdir() if "replaced" in p.name] == []
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("eval.relevance_label", "nope", "expected a label of the dataset, one of ['label']"),
+    ("eval.binary_label", "rating", "expected a label of the dataset, one of ['label']"),
+    ("eval.split", "foo", "expected a split of the dataset"),
+])
+def test_a_key_naming_what_the_dataset_lacks_stops_eval_and_train_first(
+        trained, capsys, key, value, expected):
+    run_dir, data_dir = trained
+    sets = _sets(run_dir, data_dir, 4, "train.eval_every=2", f"{key}={value}")
+    assert main(["eval", *sets]) == 2
+    assert f"config key '{key}' = {value!r} is not allowed: {expected}" in capsys.readouterr().err
+    assert not (run_dir / "eval.json").exists()  # stopped before evaluating
+    assert main(["train", "--fresh", *sets]) == 2
+    assert f"config key '{key}' = {value!r}" in capsys.readouterr().err
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+
+
+def test_the_documented_launcher_exits_2_with_the_ranks_message(tiny_data, tmp_path):
+    command = [gmeta(), "train", "--np", "2", *_sets(tmp_path / "run", tiny_data, 4,
+                                                    "eval.relevance_label=nope")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            cwd=tmp_path, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-4000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "gmeta: error: config key 'eval.relevance_label' = 'nope' is not allowed: expected a "
+        "label of the dataset, one of ['label']")
+    assert "Traceback" not in output and "[1]<stderr>" in output  # both ranks ran
+
+
+def _ratings_pipeline(tmp_path: Path, *more: str):
+    write_ratings(tmp_path, users=300)
+    mapping = {"task": "user_id", "label": "rating", "label_threshold": 4,
+               "sparse": ["item_id", "year"], "multi_hot": {"genres": 3},
+               "join": [{"path": "items.csv", "key": "item_id"}]}
+    (tmp_path / "p.yaml").write_text(
+        "model:\n  tables: {item: {features: [item_id, year]}}\n")
+    overrides = [f"data.source=csv", f"data.raw={tmp_path / 'ratings.csv'}",
+                 f"data.path={tmp_path / 'data'}", f"data.mapping={mapping}",
+                 "data.split={query_size: 5, min_rows: 10}", *more]
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        return load_config(str(tmp_path / "p.yaml"), overrides)
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_pipeline_converts_its_csv_and_remakes_it_when_the_csv_changes(tmp_path, caplog):
+    config = _ratings_pipeline(tmp_path)
+    first = prepare_dataset(config)
+    assert first.split["source"]["kind"] == "csv"
+    assert prepare_dataset(config).files == first.files  # used as it is
+    for split in ("warm", "cold"):
+        assert sum(len(f.blocks) for f in first.files_of(split)) >= 16
+    assert sum(len(f.blocks) for f in first.files_of("cold")) < 40
+    wide = prepare_dataset(config, world_size=40)  # more ranks than blocks: made again
+    assert all(sum(len(f.blocks) for f in wide.files_of(s)) >= 40 for s in ("warm", "cold"))
+
+    lines = (tmp_path / "ratings.csv").read_text().splitlines()
+    (tmp_path / "ratings.csv").write_text("\n".join(lines[:1]) + "\n")  # a header only
+    with pytest.raises(meta_io.DataError, match="ratings.csv: no data rows in the input"):
+        prepare_dataset(config)
+    assert meta_io.Manifest.load(config.data.path).files == wide.files  # the good one stays
+
+
+def test_a_dataset_source_refuses_a_config_it_does_not_fit(tmp_path):
+    made = _ratings_pipeline(tmp_path)
+    prepare_dataset(made)
+    config = _ratings_pipeline(tmp_path, "data.source=dataset", "data.raw=null",
+                               "data.mapping=null", "data.rows_per_block=7")
+    with pytest.raises(ConfigError, match=r"the dataset there was written with "
+                                          r"rows_per_block auto, the config asks for "
+                                          r"data.rows_per_block = 7"):
+        prepare_dataset(config)
+    config = _ratings_pipeline(tmp_path, "data.source=dataset", "data.raw=null",
+                               "data.mapping=null", "data.split={query_size: 3}")
+    with pytest.raises(ConfigError, match=r"was split with query_size = 5, the config asks for "
+                                          r"data.split.query_size = 3"):
+        prepare_dataset(config)
