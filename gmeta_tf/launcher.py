@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,7 @@ def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
         extra: More ``horovodrun`` options (e.g. ``--network-interface eth0``).
     """
     status_dir = tempfile.mkdtemp(prefix="gmeta-ranks-")
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     command = [horovodrun(), "-np", str(np_), "-H", hosts or f"localhost:{np_}", *extra,
                sys.executable, "-m", "gmeta_tf.cli", *argv]
     env = dict(os.environ, **{STATUS_DIR_ENV: status_dir})
@@ -64,6 +66,7 @@ def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
         launcher_lines, code = _pass_through(command, env)
         statuses = _statuses(status_dir)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(status_dir, ignore_errors=True)
     failed = [s for s in statuses if s["status"] != 0]
     if failed:
@@ -91,13 +94,25 @@ def _pass_through(command: list[str], env: dict) -> tuple[list[str], int]:
         raise SystemExit(f"gmeta: error: cannot run {command[0]}: {err.strerror} (run "
                          f"scripts/setup.sh, which builds Horovod)") from err
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if held or line.startswith("Traceback (most recent call last)"):
-            held.append(line)
-        else:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-    return held, proc.wait()
+    try:
+        for line in proc.stdout:
+            if held or line.startswith("Traceback (most recent call last)"):
+                held.append(line)
+            else:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        return held, proc.wait()
+    finally:  # interrupted (Ctrl-C, a kill): the ranks do not outlive the launcher
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _exit_on_sigterm(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through _pass_through, which stops the ranks
 
 
 def _statuses(directory: str) -> list[dict]:

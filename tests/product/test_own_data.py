@@ -78,7 +78,7 @@ def test_training_ran_on_two_ranks_and_eval_compares_with_the_baseline(ratings_r
     _, _, config, _ = ratings_run
     summary = json.loads(Path(config.run_dir, "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 6
-    result = json.loads(Path(config.run_dir, "eval.json").read_text())
+    result = json.loads(Path(config.run_dir, "eval", "cold.json").read_text())
     names = [r["name"] for r in result["rows"]]
     assert names[0].startswith("meta (maml") and any(n.startswith("baseline") for n in names)
     for row in result["rows"]:

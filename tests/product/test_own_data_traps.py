@@ -71,9 +71,10 @@ def test_fresh_sets_old_checkpoints_aside_until_its_first_checkpoint(trained, mo
 
 
 @pytest.mark.parametrize("key, value, expected", [
-    ("eval.relevance_label", "nope", "expected a label of the dataset, one of ['label']"),
-    ("eval.binary_label", "rating", "expected a label of the dataset, one of ['label']"),
-    ("eval.split", "foo", "expected a split of the dataset"),
+    ("eval.relevance_label", "nope", "expected a label of the dataset scored, one of ['label']"),
+    ("eval.binary_label", "rating", "expected a label of the dataset scored, one of ['label']"),
+    ("eval.split", "foo", "expected a split of the dataset scored, one of ['cold', 'valid', "
+                          "'warm']"),
 ])
 def test_a_key_naming_what_the_dataset_lacks_stops_eval_and_train_first(
         trained, capsys, key, value, expected):
@@ -81,9 +82,10 @@ def test_a_key_naming_what_the_dataset_lacks_stops_eval_and_train_first(
     sets = _sets(run_dir, data_dir, 4, "train.eval_every=2", f"{key}={value}")
     assert main(["eval", *sets]) == 2
     assert f"config key '{key}' = {value!r} is not allowed: {expected}" in capsys.readouterr().err
-    assert not (run_dir / "eval.json").exists()  # stopped before evaluating
-    assert main(["train", "--fresh", *sets]) == 2
-    assert f"config key '{key}' = {value!r}" in capsys.readouterr().err
+    assert not (run_dir / "eval").exists()  # stopped before evaluating
+    if key != "eval.split":  # training never reads the evaluation split
+        assert main(["train", "--fresh", *sets]) == 2
+        assert f"config key '{key}' = {value!r}" in capsys.readouterr().err
     assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
 
 
@@ -95,8 +97,8 @@ def test_the_documented_launcher_exits_2_with_the_ranks_message(tiny_data, tmp_p
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-4000:]
     assert result.stderr.strip().splitlines()[-1] == (
-        "gmeta: error: config key 'eval.relevance_label' = 'nope' is not allowed: expected a "
-        "label of the dataset, one of ['label']")
+        f"gmeta: error: config key 'eval.relevance_label' = 'nope' is not allowed: expected a "
+        f"label of the dataset at {tiny_data}, one of ['label']")
     assert "Traceback" not in output and "[1]<stderr>" in output  # both ranks ran
 
 
