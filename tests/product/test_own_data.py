@@ -25,11 +25,12 @@ SHORT = ["--set", "train.steps=6", "--set", "train.log_every=3", "--set", "train
          "--set", "train.checkpoint_every=3", "--set", "train.eval_batches=1"]
 
 
-def run_readme_commands(work: Path, first_line: str) -> list[subprocess.CompletedProcess]:
+def run_readme_commands(work: Path, first_line: str,
+                        shorter: list[str] = SHORT) -> list[subprocess.CompletedProcess]:
     results = []
     for words in readme_commands_after(first_line):
         assert words[0] == "gmeta", words
-        extra = SHORT if words[1] in ("train", "eval", "export") else []
+        extra = shorter if words[1] in ("train", "eval", "export") else []
         result = subprocess.run([gmeta(), *words[1:], *extra], cwd=work, capture_output=True,
                                 text=True, timeout=900,
                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -105,3 +106,70 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     with np.load(tmp_path / "out.npz") as out:
         assert not out["gmeta_imported"] and not out["op_library_loaded"]
         np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def clicks_run(tmp_path_factory):
+    """The README's click-log example: its steps are one pass over every rank's share of
+    the warm rows (so every row is trained on), everything else as written."""
+    from tests.product.own_data import write_clicks
+
+    work = tmp_path_factory.mktemp("own_clicks")
+    rows = write_clicks(work / "clicks.csv", rows=3000, seed=0)
+    test_rows = write_clicks(work / "clicks_test.csv", rows=700, seed=1)
+    (work / "my_clicks.yaml").write_text(readme_block("# my_clicks.yaml"))
+    cwd = Path.cwd()
+    os.chdir(work)
+    try:
+        from gmeta_tf.training import prepare_dataset
+
+        config = load_config("my_clicks.yaml")
+        manifest = prepare_dataset(config, world_size=2)  # what train --np 2 does first
+        shares = [meta_io.TaskDataset(config.data.path, "warm", rank=r, size=2).num_rows
+                  for r in range(2)]
+    finally:
+        os.chdir(cwd)
+    epoch = -(-max(shares) // config.data.batch_size)
+    one_pass = ["--set", f"train.steps={epoch}", "--set", "train.eval_every=4",
+                "--set", "train.checkpoint_every=4", "--set", "train.log_every=4"]
+    results = run_readme_commands(work, "# my_clicks.yaml", one_pass)
+    return work, rows, test_rows, manifest, shares, epoch, config, results
+
+
+def test_plain_ctr_trains_on_every_warm_row_and_scores_every_test_row(clicks_run):
+    work, rows, test_rows, manifest, shares, epoch, config, _ = clicks_run
+    splits = {s: sum(f.rows for f in manifest.files_of(s)) for s in ("warm", "valid")}
+    assert splits["warm"] + splits["valid"] == rows  # nothing dropped, no cold split
+    assert sum(shares) == splits["warm"] and min(shares) > 0
+    summary = json.loads(Path(work, "runs/my_clicks/train_summary.json").read_text())
+    assert summary["world_size"] == 2
+    # one pass over the larger share: each rank read all of its rows (the smaller share
+    # wraps around into its next epoch)
+    assert summary["samples"] >= splits["warm"]
+    assert summary["samples"] <= 2 * epoch * config.data.batch_size
+    result = json.loads(Path(work, "runs/my_clicks/eval/clicks_test.json").read_text())
+    model_row = result["rows"][0]
+    assert model_row["rows"] == test_rows  # every row of the test file scored
+    assert 0.0 <= model_row["auc"] <= 1.0
+    assert Path(work, "runs/my_clicks/export").is_dir()
+
+
+def test_clicks_features_share_a_table_but_not_rows(clicks_run):
+    from gmeta_tf.training.cold_start import restore_models
+
+    work, *_ = clicks_run
+    cwd = Path.cwd()
+    os.chdir(work)
+    try:
+        config = load_config("my_clicks.yaml")
+        models, _ = restore_models(config)
+    finally:
+        os.chdir(cwd)
+    embedding = models.model.embedding
+    salts = {f.name: f.id_salt for f in embedding.feature_configs}
+    assert len(set(salts.values())) == 4 and 0 not in salts.values()
+    import tensorflow as tf
+
+    one = tf.constant([1], tf.int64)  # device_type=1 and banner_pos=1 both occur
+    out = embedding({n: one for n in salts}, training=False)
+    assert not np.allclose(out["device_type"].numpy(), out["banner_pos"].numpy())
