@@ -28,13 +28,23 @@ def _checkpoints(run_dir: Path) -> list[str]:
     return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
 
 
-@pytest.fixture()
-def trained(tiny_data, tmp_path):
+@pytest.fixture(scope="module")
+def trained_once(tiny_data, tmp_path_factory):
     """A copy of the tiny dataset and a run with checkpoints 2 and 4 trained on it."""
-    data_dir = tmp_path / "data"
+    root = tmp_path_factory.mktemp("traps")
+    data_dir, run_dir = root / "data", root / "run"
     shutil.copytree(tiny_data, data_dir)
-    run_dir = tmp_path / "run"
     assert main(["train", *_sets(run_dir, data_dir, 4, "train.checkpoint_every=2")]) == 0
+    return run_dir, data_dir
+
+
+@pytest.fixture()
+def trained(trained_once, tmp_path):
+    """This test's own copy of the trained run and its dataset (the run's config and
+    checkpoints name the run directory only through the config, so a copy is a run)."""
+    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
+    shutil.copytree(trained_once[0], run_dir)
+    shutil.copytree(trained_once[1], data_dir)
     assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
     return run_dir, data_dir
 
@@ -155,3 +165,32 @@ def test_a_dataset_source_refuses_a_config_it_does_not_fit(tmp_path):
     with pytest.raises(ConfigError, match=r"was split with query_size = 5, the config asks for "
                                           r"data.split.query_size = 3"):
         prepare_dataset(config)
+
+
+def test_early_stopping_without_validation_is_refused():
+    from gmeta_tf.config import from_dict
+
+    tables = {"model": {"tables": {"t": {"features": ["item_id"]}}}}
+    with pytest.raises(ConfigError, match=r"'train.patience' = 3 is not allowed: expected 0 "
+                                          r"while train.eval_every is 0"):
+        from_dict({**tables, "train": {"patience": 3, "eval_every": 0}})
+    assert from_dict({**tables, "train": {"patience": 3, "eval_every": 10}}).train.patience == 3
+
+
+def test_a_csv_pipeline_needs_its_mapping_and_names_a_bad_mapping_key(tmp_path):
+    from gmeta_tf.config import from_dict
+    from gmeta_tf.training.dataset_prep import csv_mapping
+
+    tables = {"model": {"tables": {"t": {"features": ["item_id"]}}}}
+    with pytest.raises(ConfigError, match=r"'data.mapping' = None is not allowed: expected the "
+                                          r"column mapping of data.source 'csv'"):
+        from_dict({**tables, "data": {"source": "csv", "raw": "r.csv"}})
+    with pytest.raises(ConfigError, match=r"'data.mapping' = .* expected no mapping for "
+                                          r"data.source 'synthetic'"):
+        from_dict({**tables, "data": {"mapping": {"task": "u", "label": "y"}}})
+    config = from_dict({**tables, "data": {"source": "csv", "raw": "r.csv",
+                                           "mapping": {"task": "u", "label": "y",
+                                                       "sparce": ["item_id"]}}})
+    with pytest.raises(ConfigError, match=r"config key 'data.mapping' is not allowed: unknown "
+                                          r"mapping keys \['sparce'\]"):
+        csv_mapping(config)
