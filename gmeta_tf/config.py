@@ -594,10 +594,6 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("train.validation_split", config.train.validation_split,
                     f"a split other than eval.split ('{config.eval.split}'): the evaluation "
                     f"split is scored by gmeta eval only, never used to choose anything")
-    if config.train.patience and not config.train.eval_every:
-        raise _fail("train.patience", config.train.patience,
-                    "0 while train.eval_every is 0: early stopping needs validation (set "
-                    "train.eval_every to how many steps apart to validate)")
     _check_data_source(config.data)
 
 

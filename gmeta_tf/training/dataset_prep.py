@@ -141,7 +141,22 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False,
                           f"dataset directory with {MANIFEST_NAME} (data.source is 'dataset'); "
                           f"make one with gmeta data csv, or set data.source: csv with "
                           f"data.raw and data.mapping")
-    return _make(config, world_size)
+    manifest = _make(config, world_size)
+    few = _too_few_blocks(manifest, world_size)
+    if few:  # blocks hold whole tasks: a split with fewer tasks than ranks cannot be shared
+        raise ConfigError(f"config key 'data.split' is not allowed: the dataset made at "
+                          f"{d.path} {few} (a block holds whole tasks, "
+                          f"{_tasks_per_split(manifest)} tasks per split); expected splits "
+                          f"with a task per rank at least: a larger valid_fraction or "
+                          f"1 - warm_fraction, or fewer ranks")
+    return manifest
+
+
+def _tasks_per_split(manifest: meta_io.Manifest) -> dict[str, int]:
+    tasks: dict[str, int] = {}
+    for f in manifest.files:
+        tasks[f.split] = tasks.get(f.split, 0) + f.tasks
+    return tasks
 
 
 def _make(config: PipelineConfig, world_size: int) -> meta_io.Manifest:

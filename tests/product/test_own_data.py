@@ -115,8 +115,8 @@ def clicks_run(tmp_path_factory):
     from tests.product.own_data import write_clicks
 
     work = tmp_path_factory.mktemp("own_clicks")
-    rows = write_clicks(work / "clicks.csv", rows=3000, seed=0)
-    test_rows = write_clicks(work / "clicks_test.csv", rows=700, seed=1)
+    rows = write_clicks(work / "clicks.csv", rows=3000, seed=0, sites=200)
+    test_rows = write_clicks(work / "clicks_test.csv", rows=700, seed=1, sites=200)
     (work / "my_clicks.yaml").write_text(readme_block("# my_clicks.yaml"))
     cwd = Path.cwd()
     os.chdir(work)

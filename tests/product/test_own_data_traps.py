@@ -167,16 +167,6 @@ def test_a_dataset_source_refuses_a_config_it_does_not_fit(tmp_path):
         prepare_dataset(config)
 
 
-def test_early_stopping_without_validation_is_refused():
-    from gmeta_tf.config import from_dict
-
-    tables = {"model": {"tables": {"t": {"features": ["item_id"]}}}}
-    with pytest.raises(ConfigError, match=r"'train.patience' = 3 is not allowed: expected 0 "
-                                          r"while train.eval_every is 0"):
-        from_dict({**tables, "train": {"patience": 3, "eval_every": 0}})
-    assert from_dict({**tables, "train": {"patience": 3, "eval_every": 10}}).train.patience == 3
-
-
 def test_a_csv_pipeline_needs_its_mapping_and_names_a_bad_mapping_key(tmp_path):
     from gmeta_tf.config import from_dict
     from gmeta_tf.training.dataset_prep import csv_mapping
