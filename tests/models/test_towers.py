@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf.embedding import Adagrad, FeatureConfig, ShardedHashEmbedding, TableConfig
-from gmeta_tf.models.dense_stack import apply_dense_stack
 from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, MeLUTower, RatingHead,
                              embedding_inputs, make_head)
+from gmeta_tf.models.dense_stack import apply_dense_stack
 
 DIM = 4
 

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gmeta_tf import checkpoint
 from gmeta_tf.cli import main
 from tests.reliability.launch import GLOO_TIMEOUT_SECONDS, Job, horovodrun, wait_for
@@ -31,6 +33,7 @@ def train_args(config: Path, run_dir: Path, steps: int = STEPS, *sets: str) -> l
             *[a for s in sets for a in ("--set", s)]]
 
 
+@pytest.mark.horovod
 def test_sigkill_of_one_rank_then_resume_ends_with_uninterrupted_weights(tiny_pipeline,
                                                                         tmp_path):
     reference = tmp_path / "reference"
