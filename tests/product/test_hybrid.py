@@ -10,14 +10,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from gmeta_tf import checkpoint
+from gmeta_tf import data as meta_io
 from gmeta_tf.cli import main
 from gmeta_tf.config import ConfigError, load_config
 from gmeta_tf.training.cold_start import restore_models
 from tests.multiprocess import run_ranks
+from tests.product.conftest import cold_query_rows, pooled_auc
 from tests.product.hybrid_worker import STEPS, overrides
 from tests.product.test_resume import _contents
+from tests.reliability.weights import merged_tables
 
 CTR = ["meta.enabled=false"]
 
@@ -90,7 +94,8 @@ def test_cli_staleness_flag_is_checked_like_the_key(capsys):
 @pytest.fixture(scope="module")
 def runs(tiny_data, tmp_path_factory) -> tuple[Path, Path, str]:
     root = tmp_path_factory.mktemp("hybrid_runs")
-    output = run_ranks("tests.product.hybrid_worker", str(root), str(tiny_data), np_=2)
+    output = run_ranks("tests.product.hybrid_worker", str(root), str(tiny_data), np_=2,
+                        timeout=900)
     return root, tiny_data, output
 
 
@@ -123,8 +128,11 @@ def test_staleness_stays_within_the_bound_and_the_cache_reports(runs):
     assert len(hybrid["staleness_hist"]) == 3 and sum(hybrid["staleness_hist"]) == 2 * STEPS
     assert hybrid["staleness_max"] == 2  # the bound was used: the test is not vacuous
     cache = summary["cache"]["item"]
-    assert cache["lookups"] > 0 and 0.0 <= cache["hit_rate"] <= 1.0
     assert cache["capacity"] == 2 * 16  # one cache of 16 rows per rank's shard
+    assert 0 < cache["size"] <= cache["capacity"] and 0 < cache["hits"] < cache["lookups"]
+    assert cache["hit_rate"] == pytest.approx(cache["hits"] / cache["lookups"])
+    # The same batches through the same cache: the same id lookups, stale or not.
+    assert _summary(root, "h0")["cache"]["item"]["lookups"] == cache["lookups"]
     assert _summary(root, "sync")["hybrid"] is None and _summary(root, "sync")["cache"] == {}
     assert _summary(root, "h0")["hybrid"]["staleness_hist"] == [2 * STEPS]
     assert "cache item hit rate" in output and "staleness max 2" in output
@@ -150,11 +158,26 @@ def test_hybrid_checkpoint_restores_evaluates_and_exports(runs):
     config = load_config("default", sets_list)
     models, manifest = restore_models(config)
     assert manifest["step"] == STEPS and manifest["world_size"] == 2
-    assert "item" in models.model.embedding.cache_stats()  # restored into a cached table
-    assert sum(models.model.embedding.table_sizes().values()) > 0
+    embedding = models.model.embedding
+    assert "item" in embedding.cache_stats()  # restored into a cached table
+    saved = merged_tables(Path(manifest["directory"]))  # both ranks' shards, by id
+    for table, restored in embedding.export_shards().items():
+        order = np.argsort(restored["ids"], kind="stable")
+        for field in ("ids", "values", "slots"):
+            np.testing.assert_array_equal(restored[field][order],
+                                          saved[f"{embedding.name}/{table}"][field],
+                                          err_msg=f"{table}/{field}")
     sets = [a for o in sets_list for a in ("--set", o)]
     assert main(["eval", *sets]) == 0
     rows = json.loads(Path(config.run_dir, "eval.json").read_text())["rows"]
-    assert rows and all(0.0 <= r["auc"] <= 1.0 for r in rows)
+    scores, labels, tasks = cold_query_rows(models.model, data_dir, models.model.head.label)
+    assert len(rows) == 1 and (rows[0]["tasks"], rows[0]["rows"]) == (tasks, len(labels))
+    np.testing.assert_allclose(rows[0]["auc"], pooled_auc(labels, scores), atol=1e-6)
     assert main(["export", *sets]) == 0
-    assert Path(config.export.dir, str(STEPS), "saved_model.pb").is_file()
+    exported = tf.saved_model.load(str(Path(config.export.dir, str(STEPS))))
+    batch = next(iter(meta_io.read_tasks(str(data_dir), 8, None, None, split="cold")))
+    real = np.asarray(batch["query"]["mask"]) > 0
+    inputs = {k: tf.constant(np.asarray(batch["query"][k])[real])
+              for k in models.model.tower.feature_names}
+    np.testing.assert_allclose(exported.signatures["serving_default"](**inputs)["scores"],
+                               scores[:int(real.sum())], rtol=1e-5, atol=1e-6)

@@ -74,7 +74,8 @@ def across_sizes(tiny_data, tmp_path_factory) -> Path:
         resume_worker.train(root, tiny_data, "whole1", 8, "fresh")
         resume_worker.train(root, tiny_data, "one_to_two", 4, "fresh")
     output = run_ranks("tests.product.resume_worker", str(root), str(tiny_data),
-                       "whole2:8:fresh", "two_to_one:4:fresh", "one_to_two:8:resume", np_=2)
+                       "whole2:8:fresh", "two_to_one:4:fresh", "one_to_two:8:resume", np_=2,
+                       timeout=900)
     assert "(step 4, saved by 1 ranks)" in output, output[-3000:]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Trainer, "_batches", resume_worker.recorded_batches)

@@ -15,10 +15,9 @@ import tensorflow as tf
 from gmeta_tf import data as meta_io
 from gmeta_tf.cli import main
 from gmeta_tf.config import load_config
-from gmeta_tf.meta import fine_tuned_predictions
 from gmeta_tf.training.cold_start import restore_models
 from tests.multiprocess import run_ranks
-from tests.product.conftest import tiny_overrides
+from tests.product.conftest import cold_query_rows, pooled_auc, tiny_overrides
 
 pytestmark = pytest.mark.horovod  # the module's fixture trains under horovodrun -np 2
 UNKNOWN_ID = 987_654_321_000
@@ -49,13 +48,6 @@ def test_training_wrote_checkpoints_summary_and_tensorboard(trained):
     assert os.listdir(trained.tensorboard_dir)
 
 
-def _pooled_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Mann-Whitney AUC (ties count one half), written out independently of gmeta_tf."""
-    pos, neg = scores[labels > 0.5], scores[labels <= 0.5]
-    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    return float(greater / (len(pos) * len(neg)))
-
-
 def test_eval_compares_meta_model_with_baseline(trained):
     """eval.json scores both restored models on every cold task and query row: its
     unadapted rows equal the AUC recomputed here from each model's own predictions, and
@@ -69,21 +61,12 @@ def test_eval_compares_meta_model_with_baseline(trained):
     models, manifest = restore_models(trained)
     assert manifest["step"] == result["step"] == 8
     label = trained.eval.binary_label or models.model.head.label
-    meta_scores, base_scores, labels, tasks = [], [], [], 0
-    base_predict = fine_tuned_predictions(models.baseline, 0, 0.1)  # 0 steps: as trained
-    for batch in meta_io.read_tasks(trained.data.path, 8, None, None, split="cold"):
-        real = np.asarray(batch["query"]["mask"]) > 0
-        meta_scores.append(np.asarray(models.model.adapted_predictions(batch, steps=0))[real])
-        base_scores.append(np.asarray(base_predict(batch))[real])
-        labels.append(np.asarray(batch["query"][label])[real])
-        tasks += int(batch["task_id"].shape[0])
-    labels = np.concatenate(labels)
+    meta_scores, labels, tasks = cold_query_rows(models.model, trained.data.path, label)
+    base_scores, _, _ = cold_query_rows(models.baseline, trained.data.path, label)
     for row in rows.values():  # every model on the very same cold tasks and rows
         assert (row["tasks"], row["rows"]) == (tasks, len(labels)), row
-    np.testing.assert_allclose(meta_plain["auc"], _pooled_auc(labels, np.concatenate(meta_scores)),
-                               atol=1e-6)
-    np.testing.assert_allclose(base_plain["auc"], _pooled_auc(labels, np.concatenate(base_scores)),
-                               atol=1e-6)
+    np.testing.assert_allclose(meta_plain["auc"], pooled_auc(labels, meta_scores), atol=1e-6)
+    np.testing.assert_allclose(base_plain["auc"], pooled_auc(labels, base_scores), atol=1e-6)
     assert meta_plain["auc"] != base_plain["auc"]  # two models, not one scored twice
     assert adapted["logloss"] != meta_plain["logloss"]  # the inner loop ran
 
