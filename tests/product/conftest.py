@@ -33,8 +33,9 @@ def pooled_auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 
 def cold_query_rows(model, data_dir: Path, label: str, tasks_per_batch: int = 8):
-    """The model's scores (no adaptation) and the labels of every cold task's query rows,
-    with the number of tasks; a CTR model is scored through fine-tuning with 0 steps."""
+    """Every cold task's query rows scored by the model with no adaptation (a baseline CTR
+    model: fine-tuned 0 steps), as ``gmeta eval`` scores task models. Returns
+    ``(scores, labels, tasks)``."""
     from gmeta_tf import data as meta_io
     from gmeta_tf.meta import MetaModel, fine_tuned_predictions
 
@@ -49,6 +50,20 @@ def cold_query_rows(model, data_dir: Path, label: str, tasks_per_batch: int = 8)
         labels.append(np.asarray(batch["query"][label])[real])
         tasks += int(batch["task_id"].shape[0])
     return np.concatenate(scores), np.concatenate(labels), tasks
+
+
+def cold_rows(model, data_dir: Path, label: str, batch_size: int = 256):
+    """Every cold row scored by a plain CTR model, as ``gmeta eval`` scores one. Returns
+    ``(scores, labels, first_batch)``."""
+    from gmeta_tf import data as meta_io
+
+    names = [*model.tower.sparse_features, *model.tower.dense_features]
+    scores, labels, first = [], [], None
+    for rows in meta_io.read_rows(str(data_dir), batch_size, split="cold"):
+        first = rows if first is None else first
+        scores.append(np.asarray(model({n: rows[n] for n in names}, training=False)))
+        labels.append(np.asarray(rows[label]))
+    return np.concatenate(scores), np.concatenate(labels), first
 
 
 @pytest.fixture(scope="session")

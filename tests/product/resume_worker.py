@@ -24,10 +24,10 @@ from tests.product.conftest import tiny_overrides
 _batches = Trainer._batches
 
 
-def recorded_batches(self: Trainer, start_step: int) -> Iterator[dict]:
+def recorded_batches(self: Trainer, start_step: int, *args, **kwargs) -> Iterator[dict]:
     log = Path(self.config.run_dir, f"batches.rank{self.rank}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    for step, batch in enumerate(_batches(self, start_step), start_step + 1):
+    for step, batch in enumerate(_batches(self, start_step, *args, **kwargs), start_step + 1):
         with open(log, "a") as f:
             tasks = ",".join(str(int(t)) for t in batch["task_id"].numpy())
             f.write(f"{step} {self.size} {tasks}\n")

