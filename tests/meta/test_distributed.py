@@ -28,7 +28,7 @@ def two_ranks(tmp_path_factory):
     cmd = [horovodrun, "-np", "2", "-H", "localhost:2", PYTHON, "-m",
            "tests.meta.meta_step_worker", str(out_dir), ",".join(ALGORITHMS + ("exchanges",))]
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=900)
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return out_dir
 
