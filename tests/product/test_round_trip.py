@@ -34,7 +34,7 @@ def trained(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("round_trip")
     overrides = tiny_overrides(run_dir, tiny_data)
     sets = [a for o in overrides for a in ("--set", o)]
-    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2)
+    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=900)
     assert main(["eval", *sets]) == 0
     assert main(["export", *sets]) == 0
     return load_config("default", overrides)
@@ -65,8 +65,8 @@ def test_eval_compares_meta_model_with_baseline(trained):
     base_scores, _, _ = cold_query_rows(models.baseline, trained.data.path, label)
     for row in (adapted, meta_plain, base_plain):  # the very same cold tasks and rows
         assert (row["tasks"], row["rows"]) == (tasks, len(labels)), row
-    np.testing.assert_allclose(meta_plain["auc"], pooled_auc(labels, meta_scores), atol=1e-6)
-    np.testing.assert_allclose(base_plain["auc"], pooled_auc(labels, base_scores), atol=1e-6)
+    np.testing.assert_allclose(meta_plain["auc"], pooled_auc(labels, meta_scores), atol=1e-4)
+    np.testing.assert_allclose(base_plain["auc"], pooled_auc(labels, base_scores), atol=1e-4)
     assert meta_plain["auc"] != base_plain["auc"]  # two models, not one scored twice
     assert adapted["logloss"] != meta_plain["logloss"]  # the inner loop ran
 
