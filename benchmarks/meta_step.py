@@ -5,10 +5,10 @@ incl. multi-hot genres, dim 32, MLP 64-64, S=20 support and Q=10 query rows per 
 item ids Zipf over 1,682 items, fresh users every step), sparse Adagrad, dense Adam:
 
   gmeta     MetaModel.train_step under tf.function: the T tasks' ids in ONE embedding call
-            (one deduplicated all-to-all forward, one back), the inner loop batched over
-            tasks, dense gradients all-reduced once.
+            (ids deduplicated once; two all-to-alls forward, ids out and rows back, one
+            back), the inner loop batched over tasks, dense gradients all-reduced once.
   per_task  the conventional pipeline, each task step compiled with tf.function and fed one
-            task at a time: look up the support set's embeddings (its own all-to-all), k
+            task at a time: look up the support set's embeddings (its own all-to-alls), k
             inner steps, look up the query set's embeddings (another), query loss, push the
             embedding gradients (one all-to-all back per lookup); dense gradients summed
             over the tasks, all-reduced and applied once (same optimizer).

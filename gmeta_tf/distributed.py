@@ -4,7 +4,8 @@ Size 1 is just a small cluster: without horovodrun every function here works as 
 process (collectives become identities), so one code path serves one process and many.
 
 Collectives are counted at run time (calls and payload bytes, per kind) so tests and
-benchmarks can check G-Meta's promise of one all-to-all forward and one back per step:
+benchmarks can check that a meta step runs two all-to-alls forward (ids out, rows back)
+and one back, whatever its inner steps:
 see :func:`collective_counts`.
 """
 

@@ -6,6 +6,7 @@ TensorFlow's file systems, which tensorflow-io extends with s3:// and hdfs:// on
 
 from __future__ import annotations
 
+import io
 import os
 from typing import BinaryIO
 
@@ -42,4 +43,38 @@ def size(path: str) -> int:
 
 def open_binary(path: str) -> BinaryIO:
     """Opens a file for binary reading, local or remote (pyarrow accepts either object)."""
-    return _gfile().GFile(path, "rb") if is_remote(path) else open(local(path), "rb")
+    if is_remote(path):
+        return io.BufferedReader(_GFileRaw(_gfile().GFile(path, "rb")))
+    return open(local(path), "rb")
+
+
+class _GFileRaw(io.RawIOBase):
+    """A ``tf.io.gfile.GFile`` as a standard raw binary stream: pyarrow needs the file
+    protocol (``closed``, ``readinto``, ``seek`` returning the position) GFile lacks."""
+
+    def __init__(self, gfile) -> None:
+        super().__init__()
+        self._file = gfile
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        chunk = self._file.read(len(buffer))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._file.seek(offset, whence)
+        return self._file.tell()
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()

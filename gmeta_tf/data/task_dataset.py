@@ -263,9 +263,9 @@ def _stacked(batches: Iterator[dict], max_stack: int) -> Iterator[dict]:
 def _batches_dataset(make_batches, signature: dict, max_stack: int = 16) -> tf.data.Dataset:
     """A dataset of the generator's batches.
 
-    Handing numpy to tf.data costs about a millisecond per generator element whatever its
-    size, which alone would cap the pipeline near 600k rows/s; so batches cross in stacks of
-    up to ``max_stack`` and ``unbatch`` (C++) splits them again.
+    Handing numpy to tf.data has a fixed cost per generator element whatever its size, so
+    batches cross in stacks of up to ``max_stack`` and ``unbatch`` (C++) splits them again
+    (``benchmarks.meta_io`` measures the whole reader against the meta step).
     """
     stacked = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), signature)
     ds = tf.data.Dataset.from_generator(lambda: _stacked(make_batches(), max_stack),

@@ -1,7 +1,8 @@
 """ShardedHashEmbedding: model-parallel hash embeddings exchanged by all-to-all.
 
 Rows are owned by rank ``OwnerOf(id) = hash(id) % size``. One call looks up every
-feature of every table of a batch with one exchange each way (Virtual Sparse Id):
+feature of every table of a batch with two all-to-alls forward (unique ids out, their
+rows back) and one backward (Virtual Sparse Id):
 
 1. per table, the batch's ids are deduplicated once and grouped by owner (fused op);
 2. ONE all-to-all sends each owner its unique ids of all tables (with a small header of

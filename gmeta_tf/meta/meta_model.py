@@ -22,7 +22,8 @@ class MetaModel(tf.keras.Model):
     One ``train_step`` on a batch of T tasks (Meta-IO layout, see ``gmeta_tf.data``):
 
     1. the sparse ids of every support and query row of the batch go through ONE call of
-       the embedding layer: one deduplicated all-to-all forward;
+       the embedding layer: the ids are deduplicated once, then two all-to-alls go
+       forward (unique ids to their owners, their rows back), whatever k and T;
     2. inner loop (``TaskAdapter``): k SGD steps on each task's support loss adapt the fast
        weights (by default the whole tower; optionally the task's own embedding rows), for
        all T tasks at once with a leading task axis, without communication;

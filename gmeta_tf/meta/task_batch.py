@@ -51,7 +51,8 @@ def embed_tasks(embedding: tf.keras.layers.Layer, support: Mapping[str, tf.Tenso
 
     Only real rows are looked up (padding rows never reach the table); the result is
     scattered back to ``[T, S, dim]`` and ``[T, Q, dim]`` with zero rows at padding, so
-    the one call means one deduplicated all-to-all forward and, in training, one back.
+    the one call means one deduplication, two all-to-alls forward (ids out, rows back)
+    and, in training, one back.
 
     Args:
         embedding: Layer mapping ``{name: ids [n] or ragged [n, None]}`` to ``{name: [n, dim]}``.

@@ -10,8 +10,11 @@ step is checkpointed and kept (``gmeta_tf.training.selection``), and with
 figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are summed or
 averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
 table shards) are written every ``train.checkpoint_every`` steps and at the end;
-``resume=True`` restores the latest one and continues with the very batches an
-uninterrupted run would have taken, so it ends with the same weights.
+``resume=True`` restores the latest one. The batches of step n on rank r are a function
+of the shuffle seed, n, r and the world size, so on the world size that saved the
+checkpoint a resumed run takes the very batches of an uninterrupted run and ends with its
+weights; on another world size it takes, from the checkpoint's step on, the batches an
+uninterrupted run at the new size takes at those steps.
 
 With ``train.hybrid`` (the plain CTR model only) the steps run through
 ``gmeta_tf.embedding.HybridTrainer``: embedding pulls run up to ``staleness`` batches ahead
@@ -206,8 +209,9 @@ class Trainer:
         batches = dataset.tasks(d.tasks_per_batch, d.support, d.query,
                                 shuffle_seed=t.shuffle_seed, epochs=None, equal_steps=True,
                                 resplit=t.resplit)
-        # The stream is a pure function of the seed: skipping the steps already taken
-        # makes a resumed run see exactly the batches of an uninterrupted one.
+        # The stream is a pure function of (seed, rank, world size): skipping the steps
+        # already taken gives a resumed run the batches an uninterrupted run at this
+        # world size takes from start_step on.
         return iter(batches.skip(start_step))
 
     def _step_function(self, models: Models):

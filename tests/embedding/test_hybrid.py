@@ -119,9 +119,16 @@ def test_mix_cache_trains_and_exports_the_same_rows(two_ranks, run):
     for t in TABLES:
         for field, value in plain[t].items():  # rows, slots, and the counters too
             np.testing.assert_array_equal(cached[t][field], value, err_msg=f"{t}/{field}")
+    # The equalities above cover the path the run exercised: h2c mostly through the cache,
+    # h2w (one slot per shard, ids admitted on their second lookup) mostly past it.
     hits = sum(int(r[f"{run}/cache/a/hits"]) for r in two_ranks)
     lookups = sum(int(r[f"{run}/cache/a/lookups"]) for r in two_ranks)
-    assert lookups > 0 and (hits > 0.2 * lookups if run == "h2c" else hits >= 0)
+    assert all(int(r[f"{run}/cache/a/size"]) <= int(r[f"{run}/cache/a/capacity"])
+               for r in two_ranks)
+    if run == "h2c":
+        assert hits > 0.2 * lookups
+    else:
+        assert lookups > 0 and lookups - hits > 0.5 * lookups
 
 
 def test_bad_staleness_names_the_value_and_what_is_allowed():

@@ -3,7 +3,9 @@
 Usage: ``python -m tests.meta.meta_step_worker OUT_DIR ALGORITHM[,ALGORITHM...]`` (under
 horovodrun or alone). Rank r of N takes tasks ``[r*T/N, (r+1)*T/N)`` of every batch. Writes
 ``OUT_DIR/{algorithm}_rank{r}.npz`` with the dense weights, the embedding rows of every id,
-and the collective counts of the steps.
+and the collective counts of the steps. The name ``exchanges`` instead writes
+``OUT_DIR/exchanges_rank{r}.npz``: for k = 1 and 5 inner steps, the collectives a MAML
+step ran (counted at run time) and the Horovod all-to-all ops in its traced graph.
 """
 
 from __future__ import annotations
@@ -44,6 +46,33 @@ def main(out_dir: str, algorithm: str) -> None:
              **{f"count:{k}": v for k, v in counts.items()})
 
 
+def _graph_alltoalls(concrete) -> int:
+    """Horovod all-to-all ops in a traced function and every function it calls."""
+    graph = concrete.graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return sum(1 for n in nodes if n.op == "HorovodAlltoall")
+
+
+def exchanges(out_dir: str, inner_steps: tuple[int, ...] = (1, 5)) -> None:
+    rank, size = distributed.rank(), distributed.size()
+    share = NUM_TASKS // size
+    batch = tiny.task_slice(tiny.tasks(NUM_TASKS, seed=3), rank * share, (rank + 1) * share)
+    out = {}
+    for k in inner_steps:
+        model = tiny.model(MetaConfig("maml", inner_steps=k, inner_lr=0.1))
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1))
+        step = tf.function(model.train_step)
+        out[f"k{k}:graph_alltoalls"] = _graph_alltoalls(step.get_concrete_function(batch))
+        distributed.reset_collective_counts()
+        for _ in range(STEPS):
+            step(batch)
+        out.update({f"k{k}:{name}": v for name, v in distributed.collective_counts().items()})
+    np.savez(os.path.join(out_dir, f"exchanges_rank{rank}.npz"), **out)
+
+
 if __name__ == "__main__":
     for name in sys.argv[2].split(","):
-        main(sys.argv[1], name)
+        if name == "exchanges":
+            exchanges(sys.argv[1])
+        else:
+            main(sys.argv[1], name)

@@ -7,6 +7,7 @@ import tensorflow as tf
 from gmeta_tf.embedding import Adagrad, FeatureConfig, ShardedHashEmbedding, TableConfig
 from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, MeLUTower, RatingHead,
                              embedding_inputs, make_head)
+from gmeta_tf.models.dense_stack import apply_dense_stack
 
 DIM = 4
 
@@ -46,10 +47,35 @@ def test_per_task_weights_equal_a_loop_over_tasks(tower):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_dlrm_interactions_are_pairwise_dots():
-    tower = DLRMTower(["a", "b", "c"], 2, None, top_units=(3,))
+@pytest.mark.parametrize("dense", [None, {"d": 3}], ids=["deepfm", "dlrm"])
+def test_dlrm_interactions_are_pairwise_dots(dense):
+    """With a linear top (no hidden layer) whose kernel picks one input, the logit is that
+    input: each interaction input must be one pair's dot product, in (i < j) order, after
+    the passthrough (the bottom vector, or every embedding without dense features)."""
+    dim, names = 2, ["a", "b", "c"]
+    tower = DLRMTower(names, dim, dense, bottom_units=(4,), top_units=(), seed=5)
     tower.build(None)
-    assert tower.params()["top/0/kernel"].shape == (3 + 3 * 2, 3)  # 3 pairs + passthrough
+    rng = np.random.default_rng(0)
+    feats = {n: rng.normal(size=(7, dim)).astype(np.float32) for n in names}
+    feats["d"] = rng.normal(size=(7, 3)).astype(np.float32)
+    params = dict(tower.params())
+    if dense:
+        bottom = apply_dense_stack(params, "bottom", 2, tf.constant(feats["d"])).numpy()
+        vectors, passthrough = [bottom] + [feats[n] for n in names], bottom
+    else:
+        vectors = [feats[n] for n in names]
+        passthrough = np.concatenate(vectors, axis=-1)
+    pairs = [(i, j) for i in range(len(vectors)) for j in range(i + 1, len(vectors))]
+    expected = np.concatenate(
+        [passthrough, np.stack([(vectors[i] * vectors[j]).sum(-1) for i, j in pairs], -1)], -1)
+    width = params["top/0/kernel"].shape[0]
+    assert width == expected.shape[-1]
+    for column in range(width):
+        picked = np.zeros((width, 1), np.float32)
+        picked[column, 0] = 1.0
+        params.update({"top/0/kernel": tf.constant(picked), "top/0/bias": tf.zeros([1])})
+        np.testing.assert_allclose(tower.apply(params, feats).numpy(), expected[:, column],
+                                   rtol=1e-5, atol=1e-6, err_msg=f"top input {column}")
 
 
 def test_tower_rejects_bad_config():

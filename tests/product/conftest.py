@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -22,6 +23,47 @@ def tiny_overrides(run_dir: Path, data_dir: Path, steps: int = 8) -> list[str]:
         f"train.steps={steps}", "train.log_every=4", "train.eval_every=4",
         "train.eval_batches=1", "train.checkpoint_every=4", "eval.tasks_per_batch=8",
     ]
+
+
+def pooled_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Mann-Whitney AUC (ties count one half), written out independently of gmeta_tf."""
+    pos, neg = scores[labels > 0.5], scores[labels <= 0.5]
+    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return float(greater / (len(pos) * len(neg)))
+
+
+def cold_query_rows(model, data_dir: Path, label: str, tasks_per_batch: int = 8):
+    """Every cold task's query rows scored by the model with no adaptation (a baseline CTR
+    model: fine-tuned 0 steps), as ``gmeta eval`` scores task models. Returns
+    ``(scores, labels, tasks)``."""
+    from gmeta_tf import data as meta_io
+    from gmeta_tf.meta import MetaModel, fine_tuned_predictions
+
+    if isinstance(model, MetaModel):
+        predict = lambda batch: model.adapted_predictions(batch, steps=0)  # noqa: E731
+    else:
+        predict = fine_tuned_predictions(model, 0, 0.1)
+    scores, labels, tasks = [], [], 0
+    for batch in meta_io.read_tasks(str(data_dir), tasks_per_batch, None, None, split="cold"):
+        real = np.asarray(batch["query"]["mask"]) > 0
+        scores.append(np.asarray(predict(batch))[real])
+        labels.append(np.asarray(batch["query"][label])[real])
+        tasks += int(batch["task_id"].shape[0])
+    return np.concatenate(scores), np.concatenate(labels), tasks
+
+
+def cold_rows(model, data_dir: Path, label: str, batch_size: int = 256):
+    """Every cold row scored by a plain CTR model, as ``gmeta eval`` scores one. Returns
+    ``(scores, labels, first_batch)``."""
+    from gmeta_tf import data as meta_io
+
+    names = [*model.tower.sparse_features, *model.tower.dense_features]
+    scores, labels, first = [], [], None
+    for rows in meta_io.read_rows(str(data_dir), batch_size, split="cold"):
+        first = rows if first is None else first
+        scores.append(np.asarray(model({n: rows[n] for n in names}, training=False)))
+        labels.append(np.asarray(rows[label]))
+    return np.concatenate(scores), np.concatenate(labels), first
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,6 @@
-"""``gmeta train --resume`` continues from the checkpoint to the weights of an uninterrupted run."""
+"""``gmeta train --resume`` continues from the checkpoint to the weights of an uninterrupted
+run; on another number of ranks it takes the batches an uninterrupted run at the new size
+takes from the checkpoint's step on (real ``horovodrun -np 2``, 2 -> 1 and 1 -> 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ import tensorflow as tf
 
 from gmeta_tf import checkpoint
 from gmeta_tf.cli import main
+from gmeta_tf.training.trainer import Trainer
+from tests.multiprocess import run_ranks
+from tests.product import resume_worker
 from tests.product.conftest import tiny_overrides
 
 
@@ -55,3 +60,52 @@ def test_existing_checkpoints_need_resume_or_fresh(tiny_data, tmp_path, capsys):
 def test_resume_and_fresh_exclude_each_other(flags):
     with pytest.raises(SystemExit):
         main(["train", *flags])
+
+
+# ---- resuming on another number of ranks -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def across_sizes(tiny_data, tmp_path_factory) -> Path:
+    """Uninterrupted 8-step runs at 1 and 2 ranks, and runs checkpointed at step 4 on one
+    size and resumed to step 8 on the other, every batch's task ids recorded per rank."""
+    root = tmp_path_factory.mktemp("resume_sizes")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "_batches", resume_worker.recorded_batches)
+        resume_worker.train(root, tiny_data, "whole1", 8, "fresh")
+        resume_worker.train(root, tiny_data, "one_to_two", 4, "fresh")
+    output = run_ranks("tests.product.resume_worker", str(root), str(tiny_data),
+                       "whole2:8:fresh", "two_to_one:4:fresh", "one_to_two:8:resume", np_=2,
+                       timeout=900)
+    assert "(step 4, saved by 1 ranks)" in output, output[-3000:]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "_batches", resume_worker.recorded_batches)
+        resume_worker.train(root, tiny_data, "two_to_one", 8, "resume")
+    return root
+
+
+def _assert_resumed_like_uninterrupted(root: Path, run: str, before: int, after: int) -> None:
+    """Steps 1-4 of ``run`` trained on ``before`` ranks; steps 5-8 on ``after`` ranks took,
+    rank by rank, the batches the uninterrupted ``after``-rank run took at those steps."""
+    whole = {r: resume_worker.read_batches(root / f"whole{after}", r) for r in range(after)}
+    for r in range(after):
+        resumed = resume_worker.read_batches(root / run, r)
+        assert sorted(resumed) == (list(range(1, 9)) if r < before else list(range(5, 9)))
+        for step in range(5, 9):
+            assert resumed[step] == whole[r][step], f"rank {r} step {step}"
+        if r < before:
+            assert {resumed[s][0] for s in range(1, 5)} == {before}
+    manifest = checkpoint.read_manifest(root / run / "checkpoints" / "ckpt-8")
+    assert (manifest["step"], manifest["world_size"]) == (8, after)
+    # The two sizes' batch streams differ, so the comparison above can tell them apart.
+    other = resume_worker.read_batches(root / f"whole{before}", 0)
+    assert [other[s][1] for s in range(5, 9)] != [whole[0][s][1] for s in range(5, 9)]
+
+
+@pytest.mark.horovod
+def test_resume_from_two_ranks_on_one_takes_the_batches_of_a_one_rank_run(across_sizes):
+    _assert_resumed_like_uninterrupted(across_sizes, "two_to_one", before=2, after=1)
+
+
+@pytest.mark.horovod
+def test_resume_from_one_rank_on_two_takes_the_batches_of_a_two_rank_run(across_sizes):
+    _assert_resumed_like_uninterrupted(across_sizes, "one_to_two", before=1, after=2)

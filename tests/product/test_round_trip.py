@@ -17,8 +17,9 @@ from gmeta_tf.cli import main
 from gmeta_tf.config import load_config
 from gmeta_tf.training.cold_start import restore_models
 from tests.multiprocess import run_ranks
-from tests.product.conftest import tiny_overrides
+from tests.product.conftest import cold_query_rows, pooled_auc, tiny_overrides
 
+pytestmark = pytest.mark.horovod  # the module's fixture trains under horovodrun -np 2
 UNKNOWN_ID = 987_654_321_000
 
 
@@ -33,7 +34,7 @@ def trained(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("round_trip")
     overrides = tiny_overrides(run_dir, tiny_data)
     sets = [a for o in overrides for a in ("--set", o)]
-    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2)
+    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=900)
     assert main(["eval", *sets]) == 0
     assert main(["export", *sets]) == 0
     return load_config("default", overrides)
@@ -48,10 +49,26 @@ def test_training_wrote_checkpoints_summary_and_tensorboard(trained):
 
 
 def test_eval_compares_meta_model_with_baseline(trained):
-    result = json.loads(Path(trained.run_dir, "eval", "cold.json").read_text())
-    names = [r["name"] for r in result["rows"]]
-    assert names[0].startswith("meta (maml") and any(n.startswith("baseline") for n in names)
-    assert all(0.0 <= r["auc"] <= 1.0 and r["tasks"] > 0 for r in result["rows"])
+    """eval/cold.json scores both restored models on every cold task and query row: its
+    unadapted rows equal the AUC recomputed here from each model's own predictions, and
+    adapting (the meta model's inner loop) changes the figures."""
+    result = json.loads(Path(trained.run_dir, "eval", f"{trained.eval.split}.json").read_text())
+    rows = {r["name"]: r for r in result["rows"]}
+    adapted = next(r for n, r in rows.items() if n.startswith("meta (maml, adapted"))
+    meta_plain, base_plain = rows["meta, no adaptation"], rows["baseline, no fine-tuning"]
+    assert any(n.startswith("baseline fine-tuned") for n in rows), list(rows)
+
+    models, manifest = restore_models(trained)
+    assert manifest["step"] == result["step"]  # the checkpoint gmeta eval chose
+    label = trained.eval.binary_label or models.model.head.label
+    meta_scores, labels, tasks = cold_query_rows(models.model, trained.data.path, label)
+    base_scores, _, _ = cold_query_rows(models.baseline, trained.data.path, label)
+    for row in (adapted, meta_plain, base_plain):  # the very same cold tasks and rows
+        assert (row["tasks"], row["rows"]) == (tasks, len(labels)), row
+    np.testing.assert_allclose(meta_plain["auc"], pooled_auc(labels, meta_scores), atol=1e-4)
+    np.testing.assert_allclose(base_plain["auc"], pooled_auc(labels, base_scores), atol=1e-4)
+    assert meta_plain["auc"] != base_plain["auc"]  # two models, not one scored twice
+    assert adapted["logloss"] != meta_plain["logloss"]  # the inner loop ran
 
 
 def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, tmp_path):
@@ -72,7 +89,7 @@ def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, t
               f"adapt/support_{model.head.label}": support[model.head.label],
               **{f"adapt/query_{k}": query[k] for k in features}}
     np.savez(tmp_path / "in.npz", **inputs)
-    export_dir, = Path(trained.export.dir).iterdir()   # the best checkpoint's step
+    export_dir = Path(trained.export.dir, "8")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
                     str(export_dir), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
@@ -88,8 +105,7 @@ def test_exported_graph_has_no_custom_op(trained):
     from tensorflow.core.protobuf import saved_model_pb2
 
     proto = saved_model_pb2.SavedModel()
-    export_dir, = Path(trained.export.dir).iterdir()
-    proto.ParseFromString(Path(export_dir, "saved_model.pb").read_bytes())
+    proto.ParseFromString(Path(trained.export.dir, "8", "saved_model.pb").read_bytes())
     graph = proto.meta_graphs[0].graph_def
     ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
     assert {"LowerBound", "GatherV2"} <= ops  # the frozen tables' searchsorted + gather

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from gmeta_tf import ops
@@ -40,6 +41,7 @@ def merged(ranks: list[dict[str, np.ndarray]], table: str) -> dict[str, np.ndarr
     return {f: v[order] for f, v in fields.items()}
 
 
+@pytest.mark.horovod
 def test_two_to_one_to_two_ranks_loses_no_row(tmp_path):
     out, reference = tmp_path / "elastic", tmp_path / "reference"
     out.mkdir()

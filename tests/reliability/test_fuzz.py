@@ -136,12 +136,15 @@ def read_all(directory: Path) -> int:
 
 
 def read_or_refuse(directory: Path) -> None:
+    """Reading either succeeds or stops with Meta-IO's DataError whose message starts with
+    the file at fault, a file of this dataset (the manifest or a data file)."""
     try:
         read_all(directory)
     except data.DataError as err:
-        assert str(directory) in str(err) or "manifest" in str(err), str(err)
+        assert err.file and str(err).startswith(f"{err.file}: "), str(err)
+        assert Path(err.file).resolve().is_relative_to(directory.resolve()), str(err)
     except tf.errors.OpError as err:  # a DataError raised inside tf.data's generator
-        assert "DataError" in err.message or str(directory) in err.message, err.message
+        assert "DataError" in err.message and f"{directory}/" in err.message, err.message
 
 
 def reseal(directory: Path, rel: str) -> None:

@@ -1,6 +1,7 @@
 """A rank SIGKILLed mid-training brings the job down without a hang; ``gmeta train
 --resume`` walks back past a damaged checkpoint and ends with the very weights of an
-uninterrupted run (real ``horovodrun -np 2``, real signal)."""
+uninterrupted run (real ``horovodrun -np 2``, real signal). A run killed while pruning
+its old checkpoints leaves no half checkpoint behind and resumes from what is left."""
 
 from __future__ import annotations
 
@@ -10,19 +11,29 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gmeta_tf import checkpoint
+from gmeta_tf.cli import main
 from tests.reliability.launch import GLOO_TIMEOUT_SECONDS, Job, horovodrun, wait_for
+from tests.reliability.prune_kill_worker import KILLED_WHILE_DELETING
 from tests.reliability.weights import assert_same_weights
 
 STEPS, EVERY = 60, 10
 
 
 def gmeta_train(config: Path, run_dir: Path, *flags: str) -> list[str]:
-    return horovodrun([sys.executable, "-m", "gmeta_tf.cli", "train", "--config", str(config),
-                       "--set", f"run_dir={run_dir}", "--set", f"train.steps={STEPS}",
-                       "--set", f"train.checkpoint_every={EVERY}", *flags])
+    return horovodrun([sys.executable, "-m", "gmeta_tf.cli", *train_args(config, run_dir),
+                       *flags])
 
 
+def train_args(config: Path, run_dir: Path, steps: int = STEPS, *sets: str) -> list[str]:
+    return ["train", "--config", str(config), "--set", f"run_dir={run_dir}",
+            "--set", f"train.steps={steps}", "--set", f"train.checkpoint_every={EVERY}",
+            *[a for s in sets for a in ("--set", s)]]
+
+
+@pytest.mark.horovod
 def test_sigkill_of_one_rank_then_resume_ends_with_uninterrupted_weights(tiny_pipeline,
                                                                         tmp_path):
     reference = tmp_path / "reference"
@@ -56,3 +67,29 @@ def test_sigkill_of_one_rank_then_resume_ends_with_uninterrupted_weights(tiny_pi
     assert f"skipping checkpoint {newest}" in output and "is damaged" in output, output[-3000:]
     assert f"resumed from {done[-2]}" in output, output[-3000:]
     assert_same_weights(reference / "checkpoints" / f"ckpt-{STEPS}", ckpts / f"ckpt-{STEPS}")
+
+
+def test_kill_while_pruning_leaves_no_half_checkpoint_and_resumes(tiny_pipeline, tmp_path):
+    steps, keep = 3 * EVERY, "train.keep_checkpoints=1"
+    no_validation = "train.eval_every=0"  # no best checkpoint to protect from pruning
+    reference = tmp_path / "reference"
+    assert main([*train_args(tiny_pipeline, reference, steps, keep, no_validation),
+                 "--fresh"]) == 0
+
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    killed = Job([sys.executable, "-m", "tests.reliability.prune_kill_worker",
+                  *train_args(tiny_pipeline, run, steps, keep, no_validation), "--fresh"],
+                 tmp_path / "killed.log")
+    assert killed.wait(timeout=400) == -signal.SIGKILL, killed.output()[-3000:]
+    # Killed while pruning ckpt-10 after ckpt-20 was complete (keep 1).
+    assert f"{KILLED_WHILE_DELETING} " in killed.output(), killed.output()[-3000:]
+    assert [d.name for d in checkpoint.complete_checkpoints(ckpts)] == [f"ckpt-{2 * EVERY}"]
+    for directory in ckpts.glob("ckpt-*"):  # nothing left that looks like a checkpoint is torn
+        checkpoint.verify(directory)
+    assert list(ckpts.glob(".deleting-*")), "the kill came before the deletion began"
+
+    assert main([*train_args(tiny_pipeline, run, steps, keep, no_validation),
+                 "--resume"]) == 0
+    assert sorted(p.name for p in ckpts.iterdir()) == [f"ckpt-{steps}"]  # leftover cleared
+    assert_same_weights(reference / "checkpoints" / f"ckpt-{steps}", ckpts / f"ckpt-{steps}")
