@@ -260,8 +260,6 @@ class LocalCluster:
             "  PasswordAuthentication no",
             "  BatchMode yes",
             "  ConnectTimeout 10",
-            "  ServerAliveInterval 5",
-            "  ServerAliveCountMax 3",
             "  LogLevel ERROR", ""]))
         host_dir = self._host_dir(host)
         _write(host_dir / "sshd_config", "\n".join([
@@ -280,8 +278,6 @@ class LocalCluster:
             "AcceptEnv *",
             "MaxStartups 64",
             "MaxSessions 64",
-            "ClientAliveInterval 5",
-            "ClientAliveCountMax 3",
             "LogLevel ERROR", ""]))
 
     def _sshd_pid(self, host: Host) -> int | None:
