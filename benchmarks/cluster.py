@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,16 +130,13 @@ def main(argv=None) -> int:
     report = {"benchmark": "cluster", "hosts": 2, "ranks_per_host": 1,
               "repeats": args.repeats, "quick": args.quick, "logs": str(logs), "rates": {}}
     began = time.perf_counter()
+    # SIGTERM ends the run like Ctrl-C does: through the finally below (cluster down).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         hosts = cluster.up(2)
         launch = [str(HOROVODRUN), "-np", "2", "-H", ",".join(f"{h.address}:1" for h in hosts),
                   "--network-interface", INTERFACE, "--ssh-identity-file",
                   str(cluster.identity_file), "--gloo-timeout-seconds", "120"]
-        if "meta_step" in jobs:
-            log("meta_step on 1 rank (host 1, plain process)")
-            one = run(cluster.command_in(hosts[0], [sys.executable, *jobs["meta_step"]]),
-                      logs / "meta_step.1rank.log", timeout=3600)
-            report["one_rank"] = {"meta_step": summary("meta_step", one)}
         for rate in rates:
             for host in hosts:
                 cluster.set_rate(host, None if rate == "unshaped" else rate)
@@ -158,6 +156,11 @@ def main(argv=None) -> int:
             if "sharded_step" in figures:
                 row["vsi_vs_raw"] = figures["sharded_step"]["vsi_vs_raw"]
             report["rates"][rate] = {**row, **figures}
+        if "meta_step" in jobs:
+            log("meta_step on 1 rank (host 1, plain process)")
+            one = run(cluster.command_in(hosts[0], [sys.executable, *jobs["meta_step"]]),
+                      logs / "meta_step.1rank.log", timeout=3600)
+            report["one_rank"] = {"meta_step": summary("meta_step", one)}
     finally:
         cluster.down()
         left = cluster.leftovers()

@@ -5,7 +5,9 @@
         [--s0-replicates K]
 
 --only zipf runs part 1 alone, --only criteo part 2 alone, --only cache the cache figures
-alone (part 1 with hybrid_s0, hybrid_s4 and their cached contenders only).
+alone (part 1 with hybrid_s0, hybrid_s4 and their cached contenders only), --only speed
+the uncached contenders (sync, hybrid s = 0, 1, 2, 4) each built and traced once, then
+timed on fresh batches in every repeat (what benchmarks.cluster runs across hosts).
 
 Part 1, throughput on the Zipf benchmark batch (benchmarks/embedding_batches.py: global
 batch 65536 x 26 ids, Zipf(1.1), one id range per feature; --quick: 8192), one sharded
@@ -356,10 +358,6 @@ def run_zipf(spec: BatchSpec, repeats: int, contenders: tuple[str, ...] = CONTEN
                     a / b for a, b in zip(rates[name], rates[base])), 3)
     out["batch_size"] = spec.batch_size
     out["distinct_ids"] = distinct
-    if "hybrid_s0_cache1" not in contenders:  # --only speed: no cache figures
-        out["samples_per_s_all_repeats"] = {k: [round(x, 1) for x in v]
-                                            for k, v in rates.items()}
-        return out
     out["cache_capacity_per_owner"] = {
         key: math.ceil(f * distinct / distributed.size()) for key, f in CACHE_FRACTIONS.items()}
     out["cache_rebalance_every"] = {"1%": REBALANCE_EVERY["cache1"],
@@ -376,6 +374,40 @@ def run_zipf(spec: BatchSpec, repeats: int, contenders: tuple[str, ...] = CONTEN
         "1%": round(first_sight["cache1"], 4), "5%": round(first_sight["cache5"], 4),
         "1%_vs_oracle": round(first_sight["cache1"] / oracle["cache1"], 4),
         "5%_vs_oracle": round(first_sight["cache5"] / oracle["cache5"], 4)}
+    out["samples_per_s_all_repeats"] = {k: [round(x, 1) for x in v] for k, v in rates.items()}
+    return out
+
+
+def run_speed(spec: BatchSpec, repeats: int, contenders: tuple[str, ...] = SPEED_CONTENDERS,
+              timed_batches: int = NUM_BATCHES - 1) -> dict:
+    """--only speed: each contender built once and traced on its warm-up batch, then timed
+    in every repeat on that repeat's fresh batches (the same for every contender; order
+    rotated per repeat). Tracing stays out of every timed window, and costs once per
+    contender, not once per repeat."""
+    steps = 1 + repeats * timed_batches
+    local = [local_zipf(make_batch(spec, s), s) for s in range(steps)]
+    made = {name: make_zipf_contender(name, 0) for name in contenders}
+    for contender in made.values():
+        contender.fit(local[:1])  # warm-up: tracing, first table growth
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    timed_samples = spec.batch_size * timed_batches
+    for rep in range(repeats):
+        window = local[1 + rep * timed_batches:1 + (rep + 1) * timed_batches]
+        for name in contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]:
+            distributed.barrier()
+            start = time.perf_counter()
+            made[name].fit(window)
+            distributed.barrier()
+            rates[name].append(timed_samples / (time.perf_counter() - start))
+            log(f"[speed] rep {rep} {name}: {rates[name][-1]:,.0f} samples/s")
+    out = {f"samples_per_s_{n}": round(statistics.median(r), 1) for n, r in rates.items()}
+    for name in contenders:
+        for base in ("sync", "hybrid_s0"):
+            if name != base and base in rates and not (base == "hybrid_s0" and name == "sync"):
+                out[f"ratio_paired_{name}_vs_{base}"] = round(statistics.median(
+                    a / b for a, b in zip(rates[name], rates[base])), 3)
+    out["batch_size"] = spec.batch_size
+    out["timed_batches_per_repeat"] = timed_batches
     out["samples_per_s_all_repeats"] = {k: [round(x, 1) for x in v] for k, v in rates.items()}
     return out
 
@@ -623,10 +655,11 @@ def main() -> None:
     replicates = args.replicates or (3 if args.quick else CRITEO_REPLICATES)
     report = {"benchmark": "hybrid", "world_size": distributed.size(), "quick": args.quick,
               "repeats": repeats, "only": args.only}
-    if args.only in (None, "zipf", "speed", "cache"):
-        report.update(run_zipf(spec, repeats, {"cache": CACHE_CONTENDERS,
-                                               "speed": SPEED_CONTENDERS}.get(args.only,
-                                                                              CONTENDERS)))
+    if args.only == "speed":
+        report.update(run_speed(spec, repeats))
+    elif args.only in (None, "zipf", "cache"):
+        report.update(run_zipf(spec, repeats,
+                               CACHE_CONTENDERS if args.only == "cache" else CONTENDERS))
     if args.only in (None, "criteo"):
         if CRITEO.is_dir():
             report.update(run_criteo(epochs, global_batch=256, replicates=replicates,

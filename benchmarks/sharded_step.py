@@ -92,17 +92,21 @@ def make_raw_step(layer):
 
 
 def paired_vsi_vs_raw(spec: BatchSpec, steps: int, repeats: int) -> dict:
-    """samples/s of the VSI step and the raw-id step, each timed over the same batches in
-    every repeat (order alternating), after a warm-up step that traces it; the paired
-    ratio is the median over repeats of the within-repeat ratio."""
+    """samples/s of the VSI step and the raw-id step: each built once and traced on a
+    warm-up batch, then timed in every repeat on that repeat's fresh batches (the same for
+    both, order alternating); the paired ratio is the median of the within-repeat ratios."""
     rates = {"vsi": [], "raw": []}
+    made = {}
+    for name in rates:  # each built once and traced on the warm-up batch
+        layer = make_layer()
+        layer.build(None)
+        made[name] = (make_step if name == "vsi" else make_raw_step)(layer)
+        made[name](tf.constant(rank_batch(spec, 0)))
     for rep in range(repeats):
+        # Fresh batches each repeat, the same for both contenders.
+        batches = [tf.constant(rank_batch(spec, 1 + rep * steps + i)) for i in range(steps)]
         for name in (("vsi", "raw") if rep % 2 == 0 else ("raw", "vsi")):
-            layer = make_layer()
-            layer.build(None)
-            step = (make_step if name == "vsi" else make_raw_step)(layer)
-            step(tf.constant(rank_batch(spec, 0)))  # warm-up: tracing, first growth
-            batches = [tf.constant(rank_batch(spec, i)) for i in range(1, steps + 1)]
+            step = made[name]
             distributed.barrier()
             start = time.perf_counter()
             for ids in batches:
