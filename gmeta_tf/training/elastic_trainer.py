@@ -30,6 +30,7 @@ from gmeta_tf import distributed, elastic
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.training.model_builder import build_models
 from gmeta_tf.training.progress import ProgressBar
+from gmeta_tf.training.rank_logging import setup_logging
 from gmeta_tf.training.trainer import Trainer, TrainResult, _Meter, _Scalars
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ElasticTrainer(Trainer):
         @elastic.run
         def train(state: elastic.ShardedModelState) -> dict:
             self.rank, self.size = distributed.rank(), distributed.size()
+            setup_logging()  # rank 0 of this world logs (it may be another process now)
             start = state.step
             first_start.append(start)
             self.world_sizes.append((start, self.size))

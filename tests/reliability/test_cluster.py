@@ -29,6 +29,9 @@ GLOO_TIMEOUT = 20  # seconds a collective waits for a lost peer
 # An elastic job's ranks wait this long in the rendezvous for a joining host's rank, which
 # must start Python and TensorFlow within it (the README's elastic command uses it too).
 ELASTIC_GLOO_TIMEOUT = 120
+# Long enough that the 1-rank stretch outlasts the discovery of host 2's return (a few
+# seconds), short enough for CI; commits every 10 steps.
+ELASTIC_STEPS = 1000
 GMETA = [sys.executable, "-m", "gmeta_tf.cli"]
 
 pytestmark = pytest.mark.skipif(
@@ -202,7 +205,7 @@ def test_elastic_two_to_one_to_two_hosts_as_the_readme_runs_it(cluster, tiny_pip
         "--host-discovery-script", str(PROJECT_ROOT / "scripts" / "discover_hosts.sh"),
         "--network-interface", INTERFACE, "--ssh-identity-file", str(cluster.identity_file),
         "--gloo-timeout-seconds", str(ELASTIC_GLOO_TIMEOUT),
-        *gmeta_train(tiny_pipeline, run, 300, "--elastic")])
+        *gmeta_train(tiny_pipeline, run, ELASTIC_STEPS, "--elastic")])
     job = Job(command, tmp_path / "elastic.log",
               env=dict(cluster_env(), GMETA_HOSTS_FILE=str(hosts_file),
                        HOROVOD_GLOO_TIMEOUT_SECONDS=str(ELASTIC_GLOO_TIMEOUT)))
@@ -211,10 +214,11 @@ def test_elastic_two_to_one_to_two_hosts_as_the_readme_runs_it(cluster, tiny_pip
         wait_for(lambda: (ckpts / "ckpt-20" / checkpoint.MANIFEST).exists(), 300,
                  "commit ckpt-20 of the elastic run")
         hosts_file.write_text(f"{hosts[0].address}:1\n")  # host 2 leaves
-        wait_for(lambda: "to 300 on 1 rank(s)" in job.output(), 300, "the job to go on at 1 rank")
+        wait_for(lambda: f"to {ELASTIC_STEPS} on 1 rank(s)" in job.output(), 300,
+                 "the job to go on at 1 rank")
         seen.append(checkpoint.latest(ckpts))
         hosts_file.write_text(both)  # host 2 comes back
-        wait_for(lambda: job.output().count("to 300 on 2 rank(s)") >= 2, 300,
+        wait_for(lambda: job.output().count(f"to {ELASTIC_STEPS} on 2 rank(s)") >= 2, 300,
                  "the job to go on at 2 ranks again")
         code = job.wait(timeout=600)
     finally:
@@ -225,7 +229,7 @@ def test_elastic_two_to_one_to_two_hosts_as_the_readme_runs_it(cluster, tiny_pip
                                          r"(\d+) rank", output)]  # logged by rank 0 only
     sizes = [s for i, s in enumerate(starts) if i == 0 or s != starts[i - 1]]
     assert sizes == [2, 1, 2], f"world sizes of rank 0's (re)starts: {starts}"
-    final = ckpts / "ckpt-300"
+    final = ckpts / f"ckpt-{ELASTIC_STEPS}"
     manifest = checkpoint.verify(final)
     assert manifest["world_size"] == 2
     rows = merged_tables(final)
