@@ -1,8 +1,8 @@
 """Hybrid training (PERSIA) and MixCache (ScaleFreeCTR), side by side with synchronous training.
 
     horovodrun -np 2 -H localhost:2 python -m benchmarks.hybrid [--quick] [--repeats R]
-        [--only {zipf,speed,cache,criteo}] [--batch-size B] [--epochs E] [--replicates N] [--fixed-init]
-        [--s0-replicates K]
+        [--only {zipf,speed,cache,criteo}] [--batch-size B] [--epochs E] [--replicates N]
+        [--fixed-init] [--s0-replicates K]
 
 --only zipf runs part 1 alone, --only criteo part 2 alone, --only cache the cache figures
 alone (part 1 with hybrid_s0, hybrid_s4 and their cached contenders only), --only speed
