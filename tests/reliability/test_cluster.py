@@ -160,7 +160,7 @@ def test_lost_host_ends_the_job_naming_it_then_resume_on_the_rest(cluster, tiny_
     job = Job(on_cluster(cluster, hosts, gmeta_train(tiny_pipeline, run, 400, "--fresh")),
               tmp_path / "lost.log", env=cluster_env())
     try:
-        wait_for(lambda: (ckpts / "ckpt-20" / checkpoint.MANIFEST).exists(), 300,
+        wait_for(lambda: (ckpts / "ckpt-20" / checkpoint.MANIFEST).exists(), 900,
                  "checkpoint ckpt-20 of the run that loses a host")
         cluster.set_link(hosts[1], up=False)  # host 2's cable pulled
         lost_at = time.monotonic()
@@ -211,7 +211,7 @@ def test_elastic_two_to_one_to_two_hosts_as_the_readme_runs_it(cluster, tiny_pip
                        HOROVOD_GLOO_TIMEOUT_SECONDS=str(ELASTIC_GLOO_TIMEOUT)))
     seen: list[Path] = []
     try:
-        wait_for(lambda: (ckpts / "ckpt-20" / checkpoint.MANIFEST).exists(), 300,
+        wait_for(lambda: (ckpts / "ckpt-20" / checkpoint.MANIFEST).exists(), 900,
                  "commit ckpt-20 of the elastic run")
         hosts_file.write_text(f"{hosts[0].address}:1\n")  # host 2 leaves
         wait_for(lambda: f"to {ELASTIC_STEPS} on 1 rank(s)" in job.output(), 300,
