@@ -19,6 +19,8 @@ Work since the commit is redone, so no committed row is lost.
 An elastic job always continues from the newest good checkpoint of ``run_dir`` (a worker
 that joins later runs the same command line): ``--fresh`` is refused. The hybrid step is
 not elastic (its pull thread runs ahead of commits): ``train.hybrid`` is refused too.
+Validation, best-checkpoint selection and early stopping (``train.eval_every``) are not
+run in an elastic job: run ``gmeta eval`` on its checkpoints.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import time
 
 from gmeta_tf import distributed, elastic
 from gmeta_tf.config import ConfigError, PipelineConfig
+from gmeta_tf.training.evaluation import selection_metric
 from gmeta_tf.training.model_builder import build_models
 from gmeta_tf.training.progress import ProgressBar
 from gmeta_tf.training.rank_logging import setup_logging
+from gmeta_tf.training.selection import Selection
 from gmeta_tf.training.trainer import Trainer, TrainResult, _Meter, _Scalars
 
 log = logging.getLogger(__name__)
@@ -78,7 +82,8 @@ class ElasticTrainer(Trainer):
             self.world_sizes.append((start, self.size))
             log.info("elastic: training %s from step %d to %d on %d rank(s)", config.name,
                      start, t.steps, self.size)
-            batches = self._batches(start)  # this rank's share under the current world size
+            # This rank's share under the current world size.
+            batches = self._batches(start, models.is_meta)
             train_steps = self._sync_steps(models, meter)  # re-traced: the size is baked in
             bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
             self._cache_base = self._cache_totals(models)
@@ -101,7 +106,7 @@ class ElasticTrainer(Trainer):
         out = train(state)
         last = self.ckpt_dir / f"ckpt-{t.steps}"
         result = self._result(first_start[0] if first_start else 0, models, meter, out, last,
-                              {})
+                              {}, None, Selection(selection_metric(config)), None)
         tensorboard.close()
         return result
 
