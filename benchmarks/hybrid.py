@@ -41,6 +41,13 @@ of 2 cores shared with other work, load ~3, so +-20%):
     5%      0.5942    0.6242  0.9519               0.9697
     (min_count 2 instead of 1: 0.9962 / 0.9504)
 
+The sync figures just below were taken while the synchronous contender made a new
+tf.function on every fit call, and so re-traced its step inside its timed window (the
+hybrid contenders did not): they understate sync, and the hybrid / sync ratios in them
+are too high. Since then every contender's step is made once and traced on its warm-up
+batch, outside the timed window; the current figures (--only speed, and across hosts
+benchmarks.cluster) are in the README. Kept for the cache figures and history:
+
 Throughput, nothing else running (load from the benchmark itself, ~3-4), two runs of
 
     horovodrun -np 2 -H localhost:2 python -m benchmarks.hybrid --only zipf   (7 repeats, 2 min)
