@@ -112,6 +112,8 @@ def main(argv=None) -> int:
     parser.add_argument("--meta-steps", type=int, default=4)
     parser.add_argument("--sharded-batch", type=int, default=65536)
     parser.add_argument("--sharded-steps", type=int, default=4)
+    parser.add_argument("--cluster-name", default="gmbench",
+                        help="prefix of the cluster's namespaces (default %(default)s)")
     parser.add_argument("--logs", type=Path, default=None,
                         help="folder for every job's full output (default: a temporary one)")
     args = parser.parse_args(argv)
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
     logs = args.logs or Path(tempfile.mkdtemp(prefix="gmeta-cluster-bench-"))
     logs.mkdir(parents=True, exist_ok=True)
     jobs = {k: v for k, v in benchmarks(args).items() if not args.only or k in args.only}
-    cluster = LocalCluster(name="gmbench", state_dir=logs / "cluster")
+    cluster = LocalCluster(name=args.cluster_name, state_dir=logs / "cluster")
     report = {"benchmark": "cluster", "hosts": 2, "ranks_per_host": 1,
               "repeats": args.repeats, "quick": args.quick, "logs": str(logs), "rates": {}}
     began = time.perf_counter()
