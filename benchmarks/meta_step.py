@@ -18,7 +18,11 @@ item ids Zipf over 1,682 items, fresh users every step), sparse Adagrad, dense A
 Same tower, data and optimizers for all. Figures are tasks/s over all ranks (T x ranks x
 steps / time). Usage (also under ``horovodrun -np 2 -H localhost:2``):
 
-    python -m benchmarks.meta_step [--quick] [--tasks 32] [--steps N]
+    python -m benchmarks.meta_step [--quick] [--tasks 32] [--steps N] [--paired REPEATS]
+
+--paired R times gmeta, per_task and per_task_graph (the per-task loop traced into ONE
+tf.function: T tasks unrolled, each lookup and push still its own exchange) at k=5 over R
+repeats and reports paired ratios; benchmarks.cluster runs it across hosts.
 
 The last stdout line (rank 0) is a JSON object; ``ratio_vs_per_task`` is gmeta / per_task
 at k=5 (the target is >= 5 at 2 ranks).
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -117,6 +122,25 @@ def conventional_step(model: MetaModel, task_step, apply_fn, batch: dict, num_ta
     apply_fn([g / num_tasks for g in total])
 
 
+def one_graph_step_fn(model: MetaModel, num_tasks: int):
+    """The per-task pipeline traced whole into ONE tf.function: the T task steps unrolled
+    in the graph (each task's lookups and pushes still their own exchanges), then the
+    dense all-reduce and update. It removes the per-call overhead of ``per_task``, so what
+    still separates it from ``gmeta`` is the number of exchanges."""
+    task_step, apply = per_task_step_fn(model), make_apply_fn(model)
+
+    @tf.function
+    def step(batch):
+        total = None
+        for t in range(num_tasks):  # a Python loop: unrolled when traced
+            task = {r: {k: v[t:t + 1] for k, v in batch[r].items()} for r in ("support", "query")}
+            grads = task_step(task)
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+        apply([g / num_tasks for g in total])
+
+    return step
+
+
 def make_apply_fn(model: MetaModel):
     def apply(grads):
         grads = distributed.allreduce_gradients(grads)
@@ -134,6 +158,51 @@ def _time(run_step, steps: int, num_tasks: int, warmup: int = 2) -> float:
         run_step(s)
     distributed.barrier()
     return num_tasks * distributed.size() * steps / (time.perf_counter() - start)
+
+
+def measure_paired(inner_steps: int, num_tasks: int, steps: int, repeats: int) -> dict:
+    """gmeta, per_task and one_graph, each built and traced once (2 warm-up steps), then
+    timed over ``steps`` steps in each of ``repeats`` repeats (order rotated per repeat);
+    tasks/s are medians, ``*_vs_*`` ratios the median of the within-repeat ratios."""
+    rank = distributed.rank()
+    batches = [make_batch(num_tasks, s, rank) for s in range(steps + 2)]
+    runners = {}
+    model = make_model(inner_steps)
+    step = tf.function(model.train_step)
+    runners["gmeta"] = lambda b: step(b)
+    model = make_model(inner_steps)
+    task_step, apply_fn = tf.function(per_task_step_fn(model)), tf.function(make_apply_fn(model))
+    runners["per_task"] = (lambda b, m=model, ts=task_step, ap=apply_fn:
+                           conventional_step(m, ts, ap, b, num_tasks))
+    model = make_model(inner_steps)
+    graph_step = one_graph_step_fn(model, num_tasks)
+    runners["per_task_graph"] = lambda b: graph_step(b)
+    for run in runners.values():  # warm-up: tracing, first table growth
+        for b in batches[:2]:
+            run(b)
+    names = list(runners)
+    rates = {n: [] for n in names}
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            distributed.barrier()
+            start = time.perf_counter()
+            for b in batches[2:]:
+                runners[name](b)
+            distributed.barrier()
+            rates[name].append(num_tasks * distributed.size() * steps
+                               / (time.perf_counter() - start))
+        if distributed.is_chief():
+            print(f"k={inner_steps} rep {rep}: " + ", ".join(f"{n} {rates[n][-1]:.1f}"
+                                                           for n in names), flush=True)
+    med = statistics.median
+    return {**{f"tasks_per_s_{n}": round(med(r), 1) for n, r in rates.items()},
+            "gmeta_vs_per_task": round(med(a / b for a, b in zip(rates["gmeta"],
+                                                                  rates["per_task"])), 3),
+            "gmeta_vs_per_task_graph": round(med(a / b for a, b in zip(
+                rates["gmeta"], rates["per_task_graph"])), 3),
+            "per_task_graph_vs_per_task": round(med(a / b for a, b in zip(
+                rates["per_task_graph"], rates["per_task"])), 3),
+            "tasks_per_s_all_repeats": {n: [round(x, 1) for x in r] for n, r in rates.items()}}
 
 
 def measure(inner_steps: int, num_tasks: int, steps: int, eager_steps: int) -> dict:
@@ -173,10 +242,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer timed steps")
     parser.add_argument("--tasks", type=int, default=32, help="tasks per rank per step (T)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per contender")
+    parser.add_argument("--paired", type=int, metavar="REPEATS", default=0,
+                        help="only gmeta vs per_task vs per_task_graph (the per-task loop as "
+                             "one tf.function) at k=5, paired over REPEATS repeats (what "
+                             "benchmarks.cluster runs)")
     args = parser.parse_args()
     if args.tasks < 1:
         parser.error(f"--tasks={args.tasks}, expected >= 1")
     steps = args.steps or (3 if args.quick else 10)
+    if args.paired:
+        report = {"benchmark": "meta_step", "ranks": distributed.size(),
+                  "tasks_per_rank": args.tasks, "inner_steps": 5, "timed_steps": steps,
+                  "repeats": args.paired, **measure_paired(5, args.tasks, steps, args.paired)}
+        if distributed.is_chief():
+            print(json.dumps(report), flush=True)
+        return
     eager_steps = 1 if args.quick else 2
     report = {"benchmark": "meta_step", "ranks": distributed.size(), "tasks_per_rank": args.tasks,
               "support": SUPPORT, "query": QUERY, "algorithm": "maml", "timed_steps": steps}

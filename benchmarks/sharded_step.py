@@ -1,6 +1,7 @@
 """Sharded embedding step at 1 and 2 ranks, and the bytes its all-to-alls move.
 
     horovodrun -np 2 -H localhost:2 python -m benchmarks.sharded_step [--quick]
+        [--vsi-vs-raw REPEATS]
 
 Each rank trains ShardedHashEmbedding (one table, dim 16, Adagrad 0.05) on its own batch of
 the embedding-step benchmark (65,536 rows x 26 Zipf(1.1) features; loss = MSE of the sum
@@ -34,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.embedding_batches import BatchSpec, make_batch
-from gmeta_tf import distributed
+from gmeta_tf import distributed, ops
 from gmeta_tf.embedding import Adagrad, FeatureConfig, ShardedHashEmbedding, TableConfig
 
 DIM = 16
@@ -56,6 +57,70 @@ def make_step(layer):
         return loss
 
     return step
+
+
+def make_raw_step(layer):
+    """The same step with raw ids on the wire (no Virtual Sparse Id): every id occurrence
+    goes to its owner, which looks each one up and sends a row back per occurrence; the
+    backward sends a gradient per occurrence, applied on the owner. The same table op,
+    optimizer, loss and collectives as ``make_step``; only the dedup is missing."""
+    shard, size = layer.shards["ids"], layer.world_size
+
+    @tf.function
+    def step(ids):
+        flat = tf.reshape(ids, [-1])
+        owner = tf.cast(ops.partition_of(flat, size), tf.int32)
+        order = tf.argsort(owner, stable=True)
+        splits = tf.math.bincount(owner, minlength=size, maxlength=size)
+        asked, asked_splits = distributed.alltoall(tf.gather(flat, order), splits)
+        rows = shard.lookup_or_insert(asked, step=layer.step.assign_add(1))
+        back, _ = distributed.alltoall(tf.reshape(rows, [-1]), asked_splits * DIM,
+                                       kind="alltoall_grad")  # no autodiff through it
+        emb = tf.scatter_nd(order[:, None], tf.reshape(back, [-1, DIM]), [tf.size(flat), DIM])
+        with tf.GradientTape() as tape:
+            tape.watch(emb)
+            summed = tf.reduce_sum(tf.reshape(emb, [tf.shape(ids)[0], -1]), axis=1)
+            loss = tf.reduce_mean(tf.square(summed - 1.0))
+        grads = tf.gather(tape.gradient(loss, emb), order)
+        received, _ = distributed.alltoall(tf.reshape(grads, [-1]), splits * DIM,
+                                           kind="alltoall_grad")
+        shard.apply_gradients(asked, tf.reshape(received, [-1, DIM]) * layer.gradient_scale,
+                              step=layer.step)
+        return loss
+
+    return step
+
+
+def paired_vsi_vs_raw(spec: BatchSpec, steps: int, repeats: int) -> dict:
+    """samples/s of the VSI step and the raw-id step: each built once and traced on a
+    warm-up batch, then timed in every repeat on that repeat's fresh batches (the same for
+    both, order alternating); the paired ratio is the median of the within-repeat ratios."""
+    rates = {"vsi": [], "raw": []}
+    made = {}
+    for name in rates:  # each built once and traced on the warm-up batch
+        layer = make_layer()
+        layer.build(None)
+        made[name] = (make_step if name == "vsi" else make_raw_step)(layer)
+        made[name](tf.constant(rank_batch(spec, 0)))
+    for rep in range(repeats):
+        # Fresh batches each repeat, the same for both contenders.
+        batches = [tf.constant(rank_batch(spec, 1 + rep * steps + i)) for i in range(steps)]
+        for name in (("vsi", "raw") if rep % 2 == 0 else ("raw", "vsi")):
+            step = made[name]
+            distributed.barrier()
+            start = time.perf_counter()
+            for ids in batches:
+                step(ids).numpy()
+            distributed.barrier()
+            elapsed = time.perf_counter() - start
+            rates[name].append(distributed.size() * spec.batch_size * steps / elapsed)
+            if distributed.is_chief():
+                print(f"rep {rep} {name}: {rates[name][-1]:,.0f} samples/s", flush=True)
+    return {"samples_per_s_vsi": round(statistics.median(rates["vsi"])),
+            "samples_per_s_raw": round(statistics.median(rates["raw"])),
+            "vsi_vs_raw": round(statistics.median(v / r for v, r in zip(rates["vsi"],
+                                                                          rates["raw"])), 3),
+            "samples_per_s_all_repeats": {k: [round(x) for x in v] for k, v in rates.items()}}
 
 
 def rank_batch(spec: BatchSpec, step: int) -> np.ndarray:
@@ -146,11 +211,22 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=65536)
     parser.add_argument("--criteo-rows", type=int, default=4096)
     parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--vsi-vs-raw", type=int, metavar="REPEATS", default=0,
+                        help="only time the VSI step against the raw-id step, paired over "
+                             "REPEATS repeats (what benchmarks.cluster runs)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.batch_size, args.criteo_rows = 3, 4096, 512
     distributed.init()
     spec = BatchSpec(batch_size=args.batch_size)
+    if args.vsi_vs_raw:
+        report = {"benchmark": "sharded_step", "ranks": distributed.size(),
+                  "batch_per_rank": args.batch_size, "steps": args.steps,
+                  "repeats": args.vsi_vs_raw, **paired_vsi_vs_raw(spec, args.steps,
+                                                                 args.vsi_vs_raw)}
+        if distributed.is_chief():
+            print(json.dumps(report), flush=True)
+        return
     if args.single:
         times = timed_steps(spec, args.steps)
         print(json.dumps({"samples_per_s": args.batch_size / statistics.median(times)}))

@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
                             "exits with the ranks' status (2 for bad input) and their message")
     train.add_argument("--hosts", metavar="H",
                        help="horovodrun -H with --np, e.g. host1:8,host2:8")
+    train.add_argument("--elastic", action="store_true",
+                       help="Horovod elastic training (horovodrun --host-discovery-script "
+                            "scripts/discover_hosts.sh --min-np/--max-np): hosts may leave or "
+                            "join; continues from run_dir's newest good checkpoint")
     train.add_argument("--staleness", metavar="S",
                        help="hybrid training with embedding lookups up to S batches ahead of "
                             "their updates (same as --set train.hybrid.staleness=S; plain CTR "
@@ -135,8 +139,38 @@ def run_train(args: argparse.Namespace) -> int:
     from gmeta_tf.training.dataset_prep import prepare_on_chief
 
     config = _config(args)
-    prepare_on_chief(config)
-    Trainer(config, resume=args.resume, fresh=args.fresh).run()
+    if args.elastic:
+        from gmeta_tf.training.dataset_prep import dataset_exists
+        from gmeta_tf.training.elastic_trainer import ElasticTrainer
+
+        if args.fresh:
+            raise ConfigError("--fresh is not allowed with --elastic: an elastic job always "
+                              "continues from run_dir's newest good checkpoint (a host that "
+                              "joins later runs the same command); delete "
+                              f"{config.checkpoint_dir} first to start over")
+        if not dataset_exists(config.data.path):  # no collective here: a joining rank is alone
+            raise ConfigError(f"--elastic needs the dataset made first: run `gmeta data "
+                              f"prepare` (no {config.data.path})")
+        ElasticTrainer(config).run()
+        return 0
+    prepare_on_chief(config)  # makes the dataset, or again if made with other parameters
+    trainer = Trainer(config, resume=args.resume, fresh=args.fresh)
+    from gmeta_tf.peer_watch import PeerWatch, is_collective_failure
+
+    watch = PeerWatch.start()
+    try:
+        trainer.run()
+    except Exception as err:  # a lost peer: say which host, and what to resume from
+        if not is_collective_failure(err):
+            raise
+        from gmeta_tf import checkpoint
+
+        newest = checkpoint.latest(config.checkpoint_dir)
+        log.error("%s. Newest complete checkpoint: %s; restart with --resume (on any number "
+                  "of ranks)", watch.describe_failure(err), newest or "none")
+        return 1
+    finally:
+        watch.close()
     return 0
 
 

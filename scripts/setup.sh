@@ -12,6 +12,21 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 stamp() { echo "$VENV/.stamp-$1"; }
 hash_of() { cat "$@" | sha256sum | cut -c1-16; }  # content only, not file names
 
+# The local cluster (gmeta_tf.local_cluster, its tests and benchmarks.cluster) needs ip/tc
+# (iproute2) and sshd/ssh (openssh): installed here when running as root and missing.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  missing=""
+  command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing="$missing iproute2"
+  [ -x /usr/sbin/sshd ] || missing="$missing openssh-server"
+  command -v ssh >/dev/null 2>&1 || missing="$missing openssh-client"
+  if [ -n "$missing" ]; then
+    echo "[setup] installing the local cluster's Debian packages:$missing"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing \
+      >/dev/null
+  fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating virtual environment $VENV"
   "$PY" -m venv "$VENV"

@@ -192,9 +192,13 @@ def dense_slow_variables(model: tf.keras.Model) -> list[tf.Variable]:
 
 
 def _build_variables(model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer) -> None:
-    """Creates every variable without touching the tables, so a restore can fill them."""
+    """Creates every variable without touching the tables, so a restore can fill them.
+
+    No collective runs here (the embedding is built from shapes, not called): a rank that
+    joins an elastic job builds its models alone."""
     model.tower.params()
-    model.embedding(empty_inputs(model.embedding), training=False)
+    if not model.embedding.built:
+        model.embedding.build(None)
     optimizer.build(dense_slow_variables(model))
 
 
