@@ -108,11 +108,16 @@ def _final(root: Path, name: str) -> dict[str, np.ndarray]:
     return _contents(latest)
 
 
-def _assert_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+def _assert_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray], rtol: float = 0.0,
+                  atol: float = 0.0) -> None:
+    """Every variable and table row equal (bit for bit unless a tolerance is given)."""
     assert a.keys() == b.keys()
     assert any("tower" in k for k in a) and any(".npz:" in k for k in a)
     for key in a:
-        np.testing.assert_array_equal(b[key], a[key], err_msg=key)
+        if rtol or atol:
+            np.testing.assert_allclose(b[key], a[key], rtol=rtol, atol=atol, err_msg=key)
+        else:
+            np.testing.assert_array_equal(b[key], a[key], err_msg=key)
 
 
 @pytest.mark.horovod
@@ -144,8 +149,11 @@ def test_staleness_zero_with_a_cache_trains_what_the_synchronous_step_trains(run
 
 @pytest.mark.horovod
 def test_hybrid_resume_reaches_the_weights_of_an_uninterrupted_run(runs):
+    """Equal to float32 rounding, not bit for bit: the resumed s=2 run differs from the
+    uninterrupted one in the last bits (measured: at most 2e-9 absolute, 1.3e-7 relative);
+    a lost optimizer state, row or batch moves weights by about the learning rate (1e-3)."""
     root, _, _ = runs
-    _assert_equal(_final(root, "h2"), _final(root, "h2split"))
+    _assert_equal(_final(root, "h2"), _final(root, "h2split"), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.horovod

@@ -72,7 +72,7 @@ def test_eval_compares_meta_model_with_baseline(trained):
 
 
 def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, tmp_path):
-    models, _ = restore_models(trained)
+    models, manifest = restore_models(trained)  # the best checkpoint, as gmeta export took
     model = models.model
     batch = next(iter(meta_io.read_tasks(trained.data.path, 4, None, None, split="cold")))
     batch = {"task_id": batch["task_id"],
@@ -89,7 +89,7 @@ def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, t
               f"adapt/support_{model.head.label}": support[model.head.label],
               **{f"adapt/query_{k}": query[k] for k in features}}
     np.savez(tmp_path / "in.npz", **inputs)
-    export_dir = Path(trained.export.dir, "8")
+    export_dir = Path(trained.export.dir, str(manifest["step"]))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
                     str(export_dir), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
@@ -104,8 +104,9 @@ def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, t
 def test_exported_graph_has_no_custom_op(trained):
     from tensorflow.core.protobuf import saved_model_pb2
 
+    (export_dir,) = Path(trained.export.dir).iterdir()  # one version: the best checkpoint's
     proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString(Path(trained.export.dir, "8", "saved_model.pb").read_bytes())
+    proto.ParseFromString(Path(export_dir, "saved_model.pb").read_bytes())
     graph = proto.meta_graphs[0].graph_def
     ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
     assert {"LowerBound", "GatherV2"} <= ops  # the frozen tables' searchsorted + gather

@@ -14,7 +14,7 @@ from tests.reliability.launch import PROJECT_ROOT, environment
 TINY_PIPELINE = {
     "name": "tiny",
     "data": {"source": "synthetic", "synthetic": {"tasks": 40, "rows_per_task": 12},
-             "rows_per_block": 64, "tasks_per_batch": 4, "support": 6, "query": 4},
+             "rows_per_block": 24, "tasks_per_batch": 4, "support": 6, "query": 4},
     "model": {"tower": "dlrm", "embedding_dim": 4,
               "tables": {"user": {"features": ["user_id", "age"], "learning_rate": 0.2},
                          "item": {"features": ["item_id", "category", "genres"],
