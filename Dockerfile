@@ -61,7 +61,7 @@ RUN bash scripts/setup.sh --stack \
  && rm -rf /root/.cache/pip
 COPY Makefile ./
 COPY ops/ ops/
-RUN make ops
+RUN mkdir -p gmeta_tf && make ops
 COPY scripts/ scripts/
 COPY pyproject.toml README.md ./
 COPY gmeta_tf/ gmeta_tf/
