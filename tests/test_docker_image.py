@@ -61,7 +61,7 @@ def image():
             pytest.skip(f"no Docker engine: {started.stdout.strip().splitlines()[-1:]}")
     try:
         output = _run(["bash", "docker/build.sh", "--tag", IMAGE], timeout=2400)
-        print(output.strip().splitlines()[-1])  # the build's time and the image's size
+        print(*[line for line in output.splitlines() if " built in " in line])  # time, size
         yield IMAGE
     finally:
         if not already:
