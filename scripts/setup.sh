@@ -2,6 +2,7 @@
 # One set-up path for every machine (developer, CI, Docker image): creates .venv inside
 # the project, installs the pinned stack, builds Horovod with TensorFlow + Gloo, builds
 # the op library. Each stage is skipped when its stamp says it is already done.
+# `setup.sh --stack` stops after Horovod (the Dockerfile caches that layer on its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -54,6 +55,11 @@ if ! python -c "import horovod.tensorflow" >/dev/null 2>&1; then
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
   MAKEFLAGS="-j$(nproc)" \
     python -m pip install --quiet --no-cache-dir --no-build-isolation horovod==0.28.1
+fi
+
+if [ "${1:-}" = "--stack" ]; then
+  echo "[setup] stack ready: $VENV"
+  exit 0
 fi
 
 echo "[setup] building the op library"
