@@ -223,7 +223,10 @@ class TrainConfig:
     export`` restore it. With ``patience`` > 0 training stops once no model has improved
     for that many evaluations. ``resplit`` draws training tasks' support and query rows
     anew each epoch. ``baseline_learning_rate`` (default ``learning_rate``) is the
-    baseline's own rate.
+    baseline's own rate. ``pretrain_steps``: the meta model's first this many steps train
+    its unadapted predictions on every row of the step's tasks (the baseline's objective),
+    then meta-training starts from those weights (pre-training then meta-training, as in
+    Chen et al. 2021, "Meta-Baseline"); validation scores it throughout.
     """
 
     steps: int = dataclasses.field(default=1000, metadata={"min": 1})
@@ -239,6 +242,7 @@ class TrainConfig:
     select_metric: Literal["auto", "auc", "ndcg", "logloss", "mae"] = "auto"
     patience: int = dataclasses.field(default=0, metadata={"min": 0})
     resplit: bool = True
+    pretrain_steps: int = dataclasses.field(default=0, metadata={"min": 0})
     checkpoint_every: int = dataclasses.field(default=0, metadata={"min": 0})
     keep_checkpoints: int = dataclasses.field(default=3, metadata={"min": 1})
     baseline: bool = True
@@ -586,6 +590,10 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("meta.multi_step_loss", config.meta.multi_step_loss,
                     "0 with meta.algorithm 'reptile' (its dense update does not differentiate "
                     "the query loss; the multi-step loss is for maml and fomaml)")
+    if config.train.pretrain_steps and not config.meta.enabled:
+        raise _fail("train.pretrain_steps", config.train.pretrain_steps,
+                    "0 while meta.enabled is false (pre-training is the meta model's first "
+                    "steps on the plain objective; a plain CTR model trains on it throughout)")
     if config.train.hybrid is not None and config.meta.enabled:
         raise _fail("train.hybrid", _plain(dataclasses.asdict(config.train.hybrid)),
                     "no hybrid section while meta.enabled is true: hybrid training supports "

@@ -155,6 +155,35 @@ class MetaModel(tf.keras.Model):
                 grads[i] = params[n] - tf.reduce_mean(adapted[n], axis=0)
         return query_loss, support_loss, grads
 
+    def pretrain_gradients(self, batch: TaskBatch) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """The plain objective on every real row of the batch's tasks, unadapted (what the
+        baseline trains): ``(loss, gradients of slow_variables)``, the embedding's sparse
+        optimizer applied as in :meth:`meta_gradients`."""
+        slow = self.slow_variables
+        with tf.GradientTape() as tape:
+            support, query, num_pairs = role_batches(self.embedding, self.tower,
+                                                     self.head.label, batch, True,
+                                                     self.config.adapt_embeddings)
+            params = self.tower.params()
+            fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
+            losses, counts = [], []
+            for role in (support, query):
+                rows = tf.reduce_sum(role.mask, axis=1)
+                losses.append(self.adapter.task_losses(params, fast, role) * rows)
+                counts.append(rows)
+            loss = tf.reduce_sum(tf.add_n(losses)) / tf.maximum(tf.reduce_sum(tf.add_n(counts)),
+                                                               1.0)
+        grads = tape.gradient(loss, slow + self.embedding.trainable_variables,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return loss, list(grads[: len(slow)])
+
+    def pretrain_step(self, batch):
+        """One step of :meth:`pretrain_gradients` (all-reduced, applied)."""
+        loss, grads = self.pretrain_gradients(batch)
+        grads = distributed.allreduce_gradients(grads)
+        self.optimizer.apply_gradients(zip(grads, self.slow_variables))
+        return {"loss": loss, "support_loss": loss}
+
     def train_step(self, batch):
         query_loss, support_loss, grads = self.meta_gradients(batch)
         grads = distributed.allreduce_gradients(grads)

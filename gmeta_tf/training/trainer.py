@@ -217,18 +217,27 @@ class Trainer:
     def _step_function(self, models: Models):
         model, baseline = models.model, models.baseline
 
-        @tf.function(reduce_retracing=True)
-        def step(batch):
-            out = model.train_step(batch)
-            if baseline is not None:
-                out["baseline_loss"] = baseline.train_step(task_rows(batch))["loss"]
-            return out
+        def make_step(model_step):
+            @tf.function(reduce_retracing=True)
+            def step(batch):
+                out = model_step(batch)
+                if baseline is not None:
+                    out["baseline_loss"] = baseline.train_step(task_rows(batch))["loss"]
+                return out
+            return step
 
         @tf.function(reduce_retracing=True)
         def ctr_step(rows):
             return model.train_step(rows)
 
-        return step if models.is_meta else ctr_step
+        if not models.is_meta:
+            return lambda step, rows: ctr_step(rows)
+        meta_step = make_step(model.train_step)
+        pretrain = self.config.train.pretrain_steps
+        if not pretrain:
+            return lambda step, batch: meta_step(batch)
+        pretrain_step = make_step(model.pretrain_step)
+        return lambda step, batch: (pretrain_step if step <= pretrain else meta_step)(batch)
 
     def _sync_steps(self, models: Models, meter: "_Meter"):
         """Trains steps ``done+1..stop`` one by one (the plain synchronous step)."""
@@ -238,7 +247,7 @@ class Trainer:
             out = {}
             for step in range(done + 1, stop + 1):
                 batch = next(batches)
-                out = step_fn(batch)
+                out = step_fn(step, batch)
                 meter.add(_real_rows(batch))
                 _rebalance_caches(models, step)
             return out
@@ -328,6 +337,10 @@ class Trainer:
         log.info("training %s from step %d to %d on %d rank(s), devices: tables %s, dense %s%s",
                  config.name, start, t.steps, self.size, self.placement.tables,
                  self.placement.dense, f", hybrid (staleness {hybrid.staleness})" if hybrid else "")
+        if models.is_meta and t.pretrain_steps > start:
+            log.info("steps %d to %d pre-train the meta model on every row of their tasks "
+                     "(train.pretrain_steps); meta-training follows", start + 1,
+                     min(t.pretrain_steps, t.steps))
         done = start
         for step in self._stops(start):
             out = train(batches, done, step)

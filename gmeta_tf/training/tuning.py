@@ -12,7 +12,8 @@ improving. The cold split is never read.
 Each study's first trial is the pipeline's own settings, so the chosen settings are never
 worse on validation than the ones tuning started from. Search spaces (ranges below): the meta model's inner steps k, inner
 rate, learned inner rates (none, per tensor, per element, each optionally per step:
-Meta-SGD / MAML++), multi-step loss and outer learning rate; the baseline's learning rate,
+Meta-SGD / MAML++), multi-step loss, outer learning rate and pre-training steps
+(``train.pretrain_steps``); the baseline's learning rate,
 fine-tuning rate and fine-tuning steps (the same range as k). A plain CTR pipeline
 (``meta.enabled: false``) searches its learning rate, its tables' learning rate, its
 batch size and its embedding width.
@@ -60,11 +61,20 @@ def _meta_space(trial, config: PipelineConfig) -> dict[str, Any]:
         "meta.learn_inner_lr": learn, "meta.inner_lr_per_element": per_element,
         "meta.inner_lr_per_step": per_step,
         "train.learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True),
+        "train.pretrain_steps": trial.suggest_categorical("pretrain_steps",
+                                                          pretrain_choices(config)),
     }
     if config.meta.algorithm != "reptile":
         settings["meta.multi_step_loss"] = trial.suggest_categorical("multi_step_loss",
                                                                      MULTI_STEP_LOSS)
     return settings
+
+
+def pretrain_choices(config: PipelineConfig) -> list[int]:
+    """Pre-training lengths searched: none, or a tenth, a fifth or two fifths of
+    ``train.steps`` (early stopping ends a run where it stops improving anyway)."""
+    steps = config.train.steps
+    return sorted({0, steps // 10, steps // 5, 2 * steps // 5})
 
 
 def _baseline_space(trial, config: PipelineConfig) -> dict[str, Any]:
@@ -106,7 +116,8 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
                              m.learn_inner_lr and m.inner_lr_per_step))
         params = {"inner_rates": mode, "inner_steps": min(max(m.inner_steps, 1), 5),
                   "inner_lr": _clip(m.inner_lr, 1e-3, 3.0),
-                  "learning_rate": _clip(t.learning_rate, 1e-4, 1e-2)}
+                  "learning_rate": _clip(t.learning_rate, 1e-4, 1e-2),
+                  "pretrain_steps": _nearest(t.pretrain_steps, pretrain_choices(config))}
         if m.algorithm != "reptile":
             params["multi_step_loss"] = _nearest(m.multi_step_loss, MULTI_STEP_LOSS)
         return params

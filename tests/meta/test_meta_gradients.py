@@ -174,3 +174,42 @@ def test_batched_tasks_equal_tasks_one_by_one(algorithm):
     for key, change in batched_changes.items():
         np.testing.assert_allclose(change, np.mean([s[1][key] for s in singles], axis=0),
                                    rtol=1e-4, atol=1e-6, err_msg=str(key))
+
+
+def test_pretraining_gradient_is_the_plain_loss_over_every_row():
+    """``pretrain_gradients`` (``train.pretrain_steps``): the unadapted squared error over
+    every real support and query row of every task (rows weighted alike), its gradient in
+    the tower and in the rows (sparse SGD(1.0): a row moves by minus it); the learned inner
+    rates get none."""
+    batch = tiny.tasks(3, seed=13)
+    model = tiny.model(MetaConfig("maml", inner_steps=STEPS, inner_lr=LR, learn_inner_lr=True))
+    tiny.insert_ids(model, batch)
+    ids = _ids(batch)
+    before = _rows(model, ids)
+    params = {n: tf.Variable(v.numpy()) for n, v in model.tower.params().items()}
+    tables = {f: tf.Variable(tiny.rows_of(model, {f: ids[f]})[f]) for f in ids}
+    with tf.GradientTape() as tape:
+        errors = []
+        for role in ("support", "query"):
+            real = batch[role]["mask"] > 0
+            x = tf.concat([tf.gather(tables[f], np.searchsorted(ids[f], batch[role][f][real]))
+                           for f in ("item_id", "user_id")], axis=1)
+            h = tf.nn.relu(x @ params[NAMES[0]] + params[NAMES[1]])
+            pred = tf.squeeze(h @ params[NAMES[2]] + params[NAMES[3]], 1) + 3.0
+            errors.append(tf.square(pred - batch[role]["rating"][real]))
+        reference_loss = tf.reduce_mean(tf.concat(errors, 0))
+    sources = [params[n] for n in NAMES] + [tables[f] for f in ids]
+    reference = tape.gradient(reference_loss, sources)
+
+    loss, grads = model.pretrain_gradients(batch)
+    np.testing.assert_allclose(loss.numpy(), reference_loss.numpy(), rtol=1e-5)
+    for i, n in enumerate(NAMES):
+        np.testing.assert_allclose(grads[i].numpy(), reference[i].numpy(), rtol=1e-4,
+                                   atol=1e-6, err_msg=n)
+    assert all(not np.any(g.numpy()) for g in grads[len(NAMES):])  # the inner rates
+    after = _rows(model, ids)
+    for j, f in enumerate(ids):
+        row_grads = tf.convert_to_tensor(reference[len(NAMES) + j]).numpy()
+        for k, i in enumerate(ids[f]):
+            np.testing.assert_allclose(after[(f, int(i))] - before[(f, int(i))], -row_grads[k],
+                                       rtol=1e-4, atol=1e-6, err_msg=f"{f} {i}")

@@ -51,6 +51,8 @@ def test_overrides_change_typed_values(tmp_path):
     ("train=5", "config key 'train' = 5 is not allowed: expected a mapping"),
     ("meta.multi_step_loss=-1", "'meta.multi_step_loss' = -1 is not allowed: expected an "
                                 "integer >= 0"),
+    ("train.pretrain_steps=-5", "'train.pretrain_steps' = -5 is not allowed: expected an "
+                                "integer >= 0"),
 ])
 def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:
@@ -67,6 +69,13 @@ def test_maml_plus_plus_options_reach_the_meta_config():
     with pytest.raises(ConfigError, match="'meta.multi_step_loss' = 50 is not allowed: "
                                           "expected 0 with meta.algorithm 'reptile'"):
         load_config("default", ["meta.multi_step_loss=50", "meta.algorithm=reptile"])
+
+
+def test_pretraining_is_for_the_meta_model():
+    assert load_config("default", ["train.pretrain_steps=20"]).train.pretrain_steps == 20
+    with pytest.raises(ConfigError, match="'train.pretrain_steps' = 20 is not allowed: "
+                                          "expected 0 while meta.enabled is false"):
+        load_config("default", ["train.pretrain_steps=20", "meta.enabled=false"])
 
 
 def test_a_feature_in_two_tables_is_rejected():

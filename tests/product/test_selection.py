@@ -70,6 +70,38 @@ def test_training_logs_validation_stops_early_and_keeps_the_best_checkpoints(sto
     assert set(steps) <= {b["step"] for b in best["best"].values()} | {steps[-1]}
 
 
+def test_pretraining_steps_train_the_plain_objective_then_meta_training(tiny_data, tmp_path,
+                                                                       caplog):
+    """``train.pretrain_steps``: during pre-training the learned inner rates get no gradient
+    (nothing is adapted) while the tower trains; meta-training then moves them too."""
+    import numpy as np
+
+    from gmeta_tf.training.model_builder import build_models
+
+    def rates_and_tower(pretrain: int) -> tuple[list, list]:
+        overrides = tiny_overrides(tmp_path / f"pre{pretrain}", tiny_data, steps=4) + [
+            f"train.pretrain_steps={pretrain}", "meta.learn_inner_lr=true",
+            "train.eval_every=0"]
+        config = load_config("default", overrides)
+        Trainer(config, fresh=True).run()
+        models = build_models(config)
+        checkpoint.restore(checkpoint.latest(config.checkpoint_dir), models.state,
+                           models.optimizers)
+        return ([v.numpy() for v in models.model.inner_lr_variables.values()],
+                [v.numpy() for v in models.model.tower.trainable_variables])
+
+    fresh = build_models(load_config("default", tiny_overrides(tmp_path / "x", tiny_data)))
+    initial_rates = [v.numpy() for v in fresh.model.inner_lr_variables.values()]
+    initial_tower = [v.numpy() for v in fresh.model.tower.trainable_variables]
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
+        rates, tower = rates_and_tower(4)
+    assert "steps 1 to 4 pre-train the meta model on every row" in caplog.text
+    assert initial_rates and all(np.array_equal(a, b) for a, b in zip(rates, initial_rates))
+    assert any(not np.array_equal(a, b) for a, b in zip(tower, initial_tower))
+    rates, _ = rates_and_tower(2)  # 2 steps of each: the rates move in the last two
+    assert any(not np.array_equal(a, b) for a, b in zip(rates, initial_rates))
+
+
 def test_eval_restores_each_models_best_checkpoint(stopped_run):
     config, _ = stopped_run
     best = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())["best"]
