@@ -159,8 +159,9 @@ class ModelConfig:
     ``tower: dlrm`` reads ``sparse_features`` (default: every feature of the tables) and
     ``dense_features`` (name -> width), and with ``linear`` (default) adds the first-order
     term (a weight per id and per dense input, as a logistic regression has) to its logit;
-    ``tower: melu`` reads ``item_features`` then ``user_features``. Multi-hot features are
-    mean-pooled.
+    ``tower: melu`` reads ``item_features`` then ``user_features``, and with
+    ``context_dim`` > 0 a context vector of that width (CAVIA: adapt only it with
+    ``meta.fast_weights: [context]``). Multi-hot features are mean-pooled.
     """
 
     tower: Literal["dlrm", "melu"] = "dlrm"
@@ -171,6 +172,7 @@ class ModelConfig:
     item_features: tuple[str, ...] = ()
     user_features: tuple[str, ...] = ()
     hidden_units: tuple[int, ...] = (64, 64)
+    context_dim: int = dataclasses.field(default=0, metadata={"min": 0})
     bottom_units: tuple[int, ...] = (64,)
     top_units: tuple[int, ...] = (64, 32)
     linear: bool = True
@@ -226,7 +228,8 @@ class TrainConfig:
     baseline's own rate. ``pretrain_steps``: the meta model's first this many steps train
     its unadapted predictions on every row of the step's tasks (the baseline's objective),
     then meta-training starts from those weights (pre-training then meta-training, as in
-    Chen et al. 2021, "Meta-Baseline"); validation scores it throughout.
+    Chen et al. 2021, "Meta-Baseline"); validation scores it throughout, and ``patience``
+    counts from the end of pre-training.
     """
 
     steps: int = dataclasses.field(default=1000, metadata={"min": 1})
@@ -578,6 +581,9 @@ def check_consistency(config: PipelineConfig) -> None:
     if model.tower == "melu" and not (model.item_features or model.user_features):
         raise _fail("model.item_features", [], "item_features and/or user_features for "
                     "tower 'melu'")
+    if model.tower != "melu" and model.context_dim:
+        raise _fail("model.context_dim", model.context_dim,
+                    f"0 for tower '{model.tower}' (the context vector is MeLU's)")
     if model.tower == "melu" and model.dense_features:
         raise _fail("model.dense_features", dict(model.dense_features),
                     "no dense features for tower 'melu' (use tower 'dlrm')")

@@ -16,12 +16,19 @@ class MeLUTower(Tower):
     MeLU adapts all of these weights (its MLP and output layer) per user in the inner loop;
     the embeddings stay slow.
 
+    With ``context_dim`` the MLP also reads a context vector, a weight of that width that
+    starts at zero (CAVIA, Zintgraf et al. ICML 2019): adapting only it per task
+    (``meta.fast_weights: [context]``) gives each user a learned-from-support embedding
+    while the MLP, shared by every task, cannot memorise one; the MLP's first layer sees
+    ``concat(embeddings, context)``.
+
     Args:
         item_features: Embedded item feature names (e.g. item_id, genres, year).
         user_features: Embedded user feature names (e.g. age, gender, occupation, zip).
         embedding_dim: Width of every embedding.
         hidden_units: Widths of the hidden ReLU layers (MeLU: 64, 64).
         seed: Initializer seed.
+        context_dim: Width of the context vector (0: none).
 
     Example::
 
@@ -31,18 +38,32 @@ class MeLUTower(Tower):
 
     def __init__(self, item_features: Sequence[str], user_features: Sequence[str],
                  embedding_dim: int, hidden_units: Sequence[int] = (64, 64), seed: int = 0,
-                 **kwargs):
+                 context_dim: int = 0, **kwargs):
         super().__init__(tuple(item_features) + tuple(user_features), embedding_dim, None, seed,
                          **kwargs)
         self.item_features, self.user_features = tuple(item_features), tuple(user_features)
         self.hidden_units = tuple(int(u) for u in hidden_units)
+        if not isinstance(context_dim, int) or isinstance(context_dim, bool) or context_dim < 0:
+            raise ValueError(f"{self.name}: context_dim={context_dim!r}, expected an int >= 0")
+        self.context_dim = context_dim
 
     def _create_weights(self) -> dict[str, tf.Variable]:
-        width = self.embedding_dim * len(self.sparse_features)
-        return add_dense_stack(self, "mlp", width, (*self.hidden_units, 1), self.seed)
+        params = {}
+        if self.context_dim:
+            params["context"] = self.add_weight(name="context", shape=[self.context_dim],
+                                                initializer="zeros")
+        width = self.embedding_dim * len(self.sparse_features) + self.context_dim
+        params.update(add_dense_stack(self, "mlp", width, (*self.hidden_units, 1), self.seed))
+        return params
 
     def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         x = tf.concat([features[f] for f in self.sparse_features], axis=-1)
+        if self.context_dim:
+            context = params["context"]
+            if context.shape.rank == 2:      # one context per task: [T, C], x [T, N, W]
+                context = context[:, None, :]
+            shape = tf.concat([tf.shape(x)[:-1], [self.context_dim]], axis=0)
+            x = tf.concat([x, tf.broadcast_to(context, shape)], axis=-1)
         x = apply_dense_stack(params, "mlp", len(self.hidden_units) + 1, x, activate_last=False)
         return tf.squeeze(x, axis=-1)
 
@@ -51,5 +72,6 @@ class MeLUTower(Tower):
         for key in ("sparse_features", "dense_features"):
             config.pop(key)
         config.update(item_features=list(self.item_features),
-                      user_features=list(self.user_features), hidden_units=list(self.hidden_units))
+                      user_features=list(self.user_features), hidden_units=list(self.hidden_units),
+                      context_dim=self.context_dim)
         return config

@@ -6,8 +6,9 @@ plain CTR model (``meta.enabled: false``) reads row batches of every warm row in
 Training tasks' support and query rows are drawn anew each epoch (``train.resplit``).
 Every ``train.eval_every`` steps each model is scored on the validation split; its best
 step is checkpointed and kept (``gmeta_tf.training.selection``), and with
-``train.patience`` training stops when no model has improved for that many evaluations. Rank 0 draws the progress bar and writes TensorBoard scalars;
-figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are summed or
+``train.patience`` training stops when no model has improved for that many evaluations
+(counted from the end of ``train.pretrain_steps``). Rank 0 draws the progress bar and
+writes TensorBoard scalars; figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are summed or
 averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
 table shards) are written every ``train.checkpoint_every`` steps and at the end;
 ``resume=True`` restores the latest one. The batches of step n on rank r are a function
@@ -348,10 +349,19 @@ class Trainer:
             if step % t.log_every == 0 or step == t.steps:
                 self._report(step, out, models, meter, bar, tensorboard, hybrid)
             with meter.paused():  # samples/s counts training time only
+                diverged = self._diverged(step, out)
+                if diverged:
+                    log.warning("step %d: not finite: the %s (training diverged); training "
+                                "stops here and each model keeps its best checkpoint on "
+                                "validation", step, " and the ".join(diverged))
+                    stopped = step
+                    break
                 improved = []
                 if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                     eval_metrics, improved = self._validate(step, models, tensorboard,
                                                             selection)
+                if models.is_meta and step <= t.pretrain_steps:
+                    selection.stale = 0  # patience counts from the start of meta-training
                 if improved or (t.checkpoint_every and step % t.checkpoint_every == 0):
                     last_ckpt = self._save(models, step, selection)
                 if selection.should_stop:
@@ -369,6 +379,19 @@ class Trainer:
                               selection, stopped)
         tensorboard.close()
         return result
+
+    def _diverged(self, step: int, out: dict) -> list[str]:
+        """The losses that are NaN or infinite on any rank, checked at every log and
+        validation step (the same steps on every rank, so the check is collective)."""
+        t = self.config.train
+        if not (step % t.log_every == 0 or step == t.steps
+                or (t.eval_every and step % t.eval_every == 0)):
+            return []
+        names = sorted(k for k in out if k.endswith("loss"))
+        bad = np.array([0.0 if np.isfinite(float(out[k])) else 1.0 for k in names])
+        total = distributed.sum_over_ranks(bad) if names else bad
+        labels = {"loss": "model's loss", "baseline_loss": "baseline's loss"}
+        return [labels.get(n, n) for n, b in zip(names, total) if b > 0]
 
     def _report(self, step: int, out: dict, models: Models, meter: "_Meter", bar: ProgressBar,
                 tensorboard: "_Scalars", hybrid: HybridTrainer | None = None) -> None:

@@ -14,6 +14,8 @@ DIM = 4
 
 def _towers():
     return [MeLUTower(["item_id", "genres"], ["age"], DIM, hidden_units=(6, 5), seed=1),
+            MeLUTower(["item_id", "genres"], ["age"], DIM, hidden_units=(6,), seed=4,
+                      context_dim=3),
             DLRMTower(["item_id", "genres", "age"], DIM, {"price": 1, "stats": 3},
                       bottom_units=(5,), top_units=(6,), seed=2),
             DLRMTower(["item_id", "genres", "age"], DIM, None, top_units=(6,), seed=3)]
@@ -27,7 +29,7 @@ def _features(rng, lead):
             "stats": rng.normal(size=(*lead, 3)).astype(np.float32)}
 
 
-@pytest.mark.parametrize("tower", _towers(), ids=["melu", "dlrm", "deepfm"])
+@pytest.mark.parametrize("tower", _towers(), ids=["melu", "melu-context", "dlrm", "deepfm"])
 def test_per_task_weights_equal_a_loop_over_tasks(tower):
     rng = np.random.default_rng(0)
     num_tasks, rows = 3, 5
@@ -45,6 +47,28 @@ def test_per_task_weights_equal_a_loop_over_tasks(tower):
     flat = tower({k: v.reshape(num_tasks * rows, *v.shape[2:]) for k, v in feats.items()})
     np.testing.assert_allclose(tower.apply(params, feats).numpy().ravel(), flat.numpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_melu_context_is_an_input_of_the_first_layer_starting_at_zero():
+    """CAVIA's context: a zero-initialised weight the MLP reads after the embeddings; one
+    context per task moves only that task's outputs."""
+    tower = MeLUTower(["item_id"], ["age"], DIM, hidden_units=(5,), seed=2, context_dim=3)
+    params = tower.params()
+    assert list(params)[0] == "context" and params["mlp/0/kernel"].shape == (2 * DIM + 3, 5)
+    np.testing.assert_array_equal(params["context"].numpy(), np.zeros(3, np.float32))
+    rng = np.random.default_rng(1)
+    feats = {k: rng.normal(size=(2, 4, DIM)).astype(np.float32) for k in ("item_id", "age")}
+    context = tf.constant([[0.0, 0.0, 0.0], [0.5, -1.0, 2.0]])
+    out = tower.apply({**params, "context": context}, feats).numpy()
+    x = np.concatenate([feats["item_id"], feats["age"],
+                        np.broadcast_to(context.numpy()[:, None, :], (2, 4, 3))], axis=-1)
+    expected = apply_dense_stack(params, "mlp", 2, tf.constant(x), activate_last=False)
+    np.testing.assert_allclose(out, expected.numpy()[..., 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[0], tower.apply(params, {k: v[0] for k, v in feats.items()}),
+                               rtol=1e-5, atol=1e-6)
+    assert np.abs(out[1] - out[0]).max() > 1e-3
+    with pytest.raises(ValueError, match="context_dim"):
+        MeLUTower(["a"], ["b"], DIM, context_dim=-1)
 
 
 @pytest.mark.parametrize("dense", [None, {"d": 3}], ids=["deepfm", "dlrm"])

@@ -102,6 +102,45 @@ def test_pretraining_steps_train_the_plain_objective_then_meta_training(tiny_dat
     assert any(not np.array_equal(a, b) for a, b in zip(rates, initial_rates))
 
 
+def test_patience_counts_from_the_end_of_pretraining(tiny_data, tmp_path):
+    """With patience 1, validation every 2 steps and 12 pre-training steps, the run cannot
+    stop before meta-training has had its own evaluation."""
+    overrides = tiny_overrides(tmp_path, tiny_data, steps=24) + [
+        "train.pretrain_steps=12", "train.eval_every=2", "train.patience=1",
+        "train.learning_rate=0.05", "meta.inner_lr=3.0"]
+    result = Trainer(load_config("default", overrides), fresh=True).run()
+    assert result.stopped_early_at is None or result.stopped_early_at >= 14
+
+
+def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
+        tiny_data, tmp_path, monkeypatch, caplog):
+    """Once a model's loss is NaN the run stops at the next log or validation step with a
+    warning naming it, and eval restores the best checkpoints from before."""
+    import numpy as np
+
+    real = Trainer._sync_steps
+
+    def poisoned(self, models, meter):
+        train = real(self, models, meter)
+
+        def step(batches, done, stop):
+            out = train(batches, done, stop)
+            return {**out, "loss": np.float32("nan")} if stop > 8 else out
+        return step
+
+    monkeypatch.setattr(Trainer, "_sync_steps", poisoned)
+    overrides = tiny_overrides(tmp_path, tiny_data, steps=40) + ["train.eval_every=2"]
+    config = load_config("default", overrides)
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
+        result = Trainer(config, fresh=True).run()
+    assert result.stopped_early_at == 10
+    assert "step 10: not finite: the model's loss (training diverged)" in caplog.text
+    best = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())["best"]
+    assert set(best) == {"model", "baseline"} and best["model"]["step"] <= 8
+    _, info = restore_models(config)
+    assert info["chosen"]["model"]["step"] == best["model"]["step"]
+
+
 def test_eval_restores_each_models_best_checkpoint(stopped_run):
     config, _ = stopped_run
     best = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())["best"]
