@@ -99,7 +99,7 @@ class ServingModule(tf.Module):
 
         def adapt(support, query):
             batch = single_task_batch(_strip("support_", support), _strip("query_", query), label)
-            outputs = adapted_outputs(embedding, adapter, batch, rates)
+            outputs = adapted_outputs(embedding, adapter, batch, rates, model.rates_per_step)
             return {"scores": tf.squeeze(model.head.predict(outputs), 0)}
 
         return adapt

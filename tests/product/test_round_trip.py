@@ -30,9 +30,13 @@ def _task_rows(batch: dict, role: str, t: int) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def trained(tiny_data, tmp_path_factory):
-    """A run trained by 2 ranks, then evaluated and exported by the gmeta command."""
+    """A run trained by 2 ranks, then evaluated and exported by the gmeta command; its
+    inner loop has 2 steps with learned rates per step and per element (MAML++), which the
+    exported ``adapt`` signature must follow."""
     run_dir = tmp_path_factory.mktemp("round_trip")
-    overrides = tiny_overrides(run_dir, tiny_data)
+    overrides = tiny_overrides(run_dir, tiny_data) + [
+        "meta.inner_steps=2", "meta.learn_inner_lr=true", "meta.inner_lr_per_step=true",
+        "meta.inner_lr_per_element=true"]
     sets = [a for o in overrides for a in ("--set", o)]
     run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=900)
     assert main(["eval", *sets]) == 0
