@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="a trial stops after this many validations without improving "
                          "(default 3)")
     tu.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    tu.add_argument("--rechecks", type=int, default=2,
+                    help="each study's best N settings are trained again with other seeds "
+                         "and chosen by the mean of both runs (default 2; 0: off)")
     ev = _with_config(sub.add_parser(
         "eval", help="score the cold split and eval data: models, baseline, references"))
     ev.add_argument("--checkpoint", help="checkpoint directory (default: each model's best on "
@@ -181,8 +184,10 @@ def run_tune(args: argparse.Namespace) -> int:
                         ("--patience", args.patience)):
         if value < 1:
             raise ConfigError(f"gmeta tune {name} {value} is not allowed: expected >= 1")
+    if args.rechecks < 0:
+        raise ConfigError(f"gmeta tune --rechecks {args.rechecks} is not allowed: expected >= 0")
     summary = tune(args.config or "default", list(args.overrides), args.trials, args.np_,
-                   args.patience, args.seed)
+                   args.patience, args.seed, args.rechecks)
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -331,6 +331,8 @@ def resolve_pipeline(name_or_path: str | os.PathLike | None) -> Path:
 
 #: Settings ``gmeta tune`` chose, in the run directory; applied under ``--set`` overrides.
 TUNED_FILE = "tuned.yaml"
+#: The section of tuned.yaml saying what the trials ran at (not a config key).
+TUNED_AT_KEY = "tuned_at"
 
 
 def load_config(name_or_path: str | os.PathLike | None = None,
@@ -387,8 +389,19 @@ def _apply_tuned(raw: dict, overrides: Sequence[str]) -> None:
     if not isinstance(settings, dict):
         raise ConfigError(f"tuned settings {path}: expected a mapping, got "
                           f"{type(settings).__name__}")
+    settings.pop(TUNED_AT_KEY, None)
     _merge(raw, settings)
     logging.getLogger(__name__).info("using the settings gmeta tune chose: %s", path)
+
+
+def tuned_world_size(run_dir: str | os.PathLike) -> int | None:
+    """The world size ``gmeta tune``'s trials ran at, from ``<run_dir>/tuned.yaml``."""
+    try:
+        settings = yaml.safe_load((Path(run_dir) / TUNED_FILE).read_text(encoding="utf-8"))
+        size = settings[TUNED_AT_KEY]["world_size"]
+    except (OSError, yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError):
+        return None
+    return size if isinstance(size, int) else None
 
 
 def _merge(into: dict, settings: Mapping) -> None:

@@ -50,7 +50,7 @@ import tensorflow as tf
 
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
-from gmeta_tf.config import ConfigError, PipelineConfig, dump_config
+from gmeta_tf.config import ConfigError, PipelineConfig, dump_config, tuned_world_size
 from gmeta_tf.embedding.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.models.embedding_inputs import embedding_inputs
@@ -338,6 +338,13 @@ class Trainer:
         log.info("training %s from step %d to %d on %d rank(s), devices: tables %s, dense %s%s",
                  config.name, start, t.steps, self.size, self.placement.tables,
                  self.placement.dense, f", hybrid (staleness {hybrid.staleness})" if hybrid else "")
+        tuned_at = tuned_world_size(config.run_dir)
+        if tuned_at is not None and tuned_at != self.size:
+            log.warning("the settings in %s/tuned.yaml were tuned at %d rank(s) and train at "
+                        "%d: a step's batch is data.%s per rank, so this step's batch is not "
+                        "the one they were chosen for; gmeta tune --np %d tunes at this size",
+                        config.run_dir, tuned_at, self.size,
+                        "tasks_per_batch" if models.is_meta else "batch_size", self.size)
         if models.is_meta and t.pretrain_steps > start:
             log.info("steps %d to %d pre-train the meta model on every row of their tasks "
                      "(train.pretrain_steps); meta-training follows", start + 1,

@@ -9,8 +9,15 @@ every ``train.eval_every`` steps and its best score (``train.select_metric``) is
 trial's value, with early stopping (``tune.patience``) ending runs that stopped
 improving. The cold split is never read.
 
-Each study's first trial is the pipeline's own settings, so the chosen settings are never
-worse on validation than the ones tuning started from. Search spaces (ranges below): the meta model's inner steps k, inner
+Each study's first trial is the pipeline's own settings. A single trial's best
+validation score is noisy, and an unstable setting can win one run by luck, so the best
+``rechecks`` settings of each study are trained once more with other initial weights and
+another batch order (``model.seed`` and ``train.shuffle_seed`` + 1; re-check i pairs the
+meta model's i-th best with the baseline's i-th best, so both studies get the same number
+of re-checks) and each study's choice is the setting with the best mean of its two runs.
+Trials run at ``--np`` ranks: the batch of a step is ``data.tasks_per_batch`` per rank, so
+tune at the world size you will train at (``tuned.yaml`` records it and ``gmeta train``
+warns when it differs). Search spaces (ranges below): the meta model's inner steps k, inner
 rate, learned inner rates (none, per tensor, per element, each optionally per step:
 Meta-SGD / MAML++), multi-step loss, outer learning rate and pre-training steps
 (``train.pretrain_steps``); the baseline's learning rate,
@@ -38,11 +45,10 @@ from typing import Any, Callable
 
 import yaml
 
-from gmeta_tf.config import ConfigError, PipelineConfig, load_config
+from gmeta_tf.config import TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig, load_config
 from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, selection_metric
 
 log = logging.getLogger(__name__)
-TUNED_FILE = "tuned.yaml"
 MULTI_STEP_LOSS = [0, 100, 200, 300]
 BATCH_SIZES = [64, 128, 256, 512]
 EMBEDDING_DIMS = [4, 8, 16]
@@ -189,7 +195,7 @@ def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
 
 
 def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
-         patience: int = 3, seed: int = 0) -> dict:
+         patience: int = 3, seed: int = 0, rechecks: int = 2) -> dict:
     """Runs the studies and writes ``tuned.yaml``; returns the summary.
 
     Args:
@@ -199,6 +205,8 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         np_: Ranks per trial (horovodrun for more than one).
         patience: Early-stopping patience of each trial, in evaluations.
         seed: Seed of the samplers.
+        rechecks: How many of each study's best settings are trained again with other
+            seeds before choosing (0: choose on the single runs).
     """
     import optuna
 
@@ -240,19 +248,60 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         log.info("trial %d: %s validation %s %s", number + 1, status, metric,
                  {n: round(v, 4) for n, v in values.items()})
         _write_trials(root / "trials.json", metric, results)
-    chosen = {}
+    maximize = direction == "maximize"
+    ranked = {}
     for name, study in studies.items():
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         if not done:
             raise ConfigError(f"gmeta tune: every trial of the {name} failed; see "
                               f"{root}/trial-*/train.log")
-        best = results[study.best_trial.number]
-        chosen[name] = {"trial": best.number, "value": best.values[name],
+        ranked[name] = [t.number for t in sorted(done, key=lambda t: t.value,
+                                                 reverse=maximize)]
+    rechecked = _recheck(config_arg, overrides, config, root, results, ranked, rechecks,
+                         np_, patience, metric)
+    chosen = {}
+    for name in studies:
+        def score(number: int) -> float:
+            runs = [results[number].values[name], *rechecked.get((name, number), [])]
+            runs = [v if math.isfinite(v) else (-math.inf if maximize else math.inf)
+                    for v in runs]
+            return sum(runs) / len(runs)
+        candidates = ranked[name][:max(rechecks, 1)]
+        number = (max if maximize else min)(candidates, key=score)
+        best = results[number]
+        chosen[name] = {"trial": number, "value": best.values[name],
+                        "mean_with_recheck": score(number),
                         "best_step": best.best_steps.get(name), "settings": best.settings[name]}
-    summary = {"metric": metric, "trials": trials, "chosen": chosen,
-               "split": config.train.validation_split}
+    summary = {"metric": metric, "trials": trials, "rechecks": rechecks, "chosen": chosen,
+               "split": config.train.validation_split, "world_size": np_}
     write_tuned(config, summary)
     return summary
+
+
+def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root: Path,
+             results: list[TrialResult], ranked: dict[str, list[int]], rechecks: int, np_: int,
+             patience: int, metric: str) -> dict[tuple[str, int], list[float]]:
+    """Trains each study's best settings again with other seeds: (study, trial) -> values."""
+    count = min([rechecks] + [len(r) for r in ranked.values()])
+    seeds = [f"model.seed={config.model.seed + 1}",
+             f"train.shuffle_seed={config.train.shuffle_seed + 1}"]
+    out: dict[tuple[str, int], list[float]] = {}
+    for i in range(count):
+        picks = {name: numbers[i] for name, numbers in ranked.items()}
+        settings = {name: results[n].settings[name] for name, n in picks.items()}
+        merged = {k: v for s in settings.values() for k, v in s.items()}
+        log.info("re-check %d/%d with other seeds: %s", i + 1, count,
+                 {name: f"trial {n + 1}" for name, n in picks.items()})
+        values, steps, status = run_trial(config_arg, list(overrides) + seeds,
+                                          root / f"recheck-{i}", merged, np_, patience)
+        for name, n in picks.items():
+            out.setdefault((name, n), []).append(values.get(name, math.nan))
+        results.append(TrialResult(len(results), settings, values, steps,
+                                   f"{status} (re-check of {picks})"))
+        log.info("re-check %d: %s validation %s %s", i + 1, status, metric,
+                 {n: round(v, 4) for n, v in values.items()})
+        _write_trials(root / "trials.json", metric, results)
+    return out
 
 
 def _write_trials(path: Path, metric: str, results: list[TrialResult]) -> None:
@@ -276,9 +325,13 @@ def write_tuned(config: PipelineConfig, summary: dict) -> Path:
                 node = node.setdefault(p, {})
             node[leaf] = value
     lines = [f"# Chosen by gmeta tune on the '{summary['split']}' split by validation "
-             f"{summary['metric']}, {summary['trials']} trials per study:"]
+             f"{summary['metric']}, {summary['trials']} trials per study and "
+             f"{summary.get('rechecks', 0)} re-checks, at world size "
+             f"{summary.get('world_size', 1)}:"]
     lines += [f"#   {n}: trial {c['trial']}, {summary['metric']} {c['value']:.4f} (best step "
-              f"{c['best_step']})" for n, c in summary["chosen"].items()]
+              f"{c['best_step']}; with its re-check {c.get('mean_with_recheck', c['value']):.4f})"
+              for n, c in summary["chosen"].items()]
+    nested[TUNED_AT_KEY] = {"world_size": int(summary.get("world_size", 1))}
     text = "\n".join(lines) + "\n" + yaml.safe_dump(nested, sort_keys=True)
     path = Path(config.run_dir) / TUNED_FILE
     write_atomically(path, lambda tmp: Path(tmp).write_text(text))

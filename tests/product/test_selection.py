@@ -204,13 +204,23 @@ def test_gmeta_tune_gives_both_contenders_the_same_trials_and_writes_tuned_setti
 
     overrides = tiny_overrides(tmp_path, tiny_data, steps=6) + ["train.eval_every=2"]
     sets = [a for o in overrides for a in ("--set", o)]
-    assert main(["tune", "--config", "default", "--trials", "2", "--patience", "1", *sets]) == 0
+    assert main(["tune", "--config", "default", "--trials", "2", "--patience", "1",
+                 "--rechecks", "1", *sets]) == 0
     trials = json.loads(Path(tmp_path, "tune", "trials.json").read_text())["trials"]
-    assert len(trials) == 2 and all(t["status"] == "ok" for t in trials)
+    assert len(trials) == 3 and all(t["status"].startswith("ok") for t in trials)
     assert all(set(t["values"]) == {"model", "baseline"} for t in trials)
     # The first trial is the pipeline's own settings.
     assert trials[0]["settings"]["model"]["meta.inner_steps"] == 1
+    # The third run re-checks each study's best trial with other seeds.
+    assert "re-check" in trials[2]["status"]
+    for name in ("model", "baseline"):
+        best = max(trials[:2], key=lambda t: t["values"][name])
+        assert trials[2]["settings"][name] == best["settings"][name]
+    assert Path(tmp_path, "tune", "recheck-0", "config.yaml").is_file()
+    rechecked = yaml.safe_load(Path(tmp_path, "tune", "recheck-0", "config.yaml").read_text())
+    assert rechecked["model"]["seed"] == 1 and rechecked["train"]["shuffle_seed"] == 1
     tuned = yaml.safe_load(Path(tmp_path, "tuned.yaml").read_text())
+    assert tuned["tuned_at"] == {"world_size": 1}
     assert {"inner_steps", "inner_lr", "learn_inner_lr"} <= set(tuned["meta"])
     assert {"baseline_lr", "baseline_steps"} <= set(tuned["eval"])
     config = load_config("default", overrides)
@@ -218,3 +228,15 @@ def test_gmeta_tune_gives_both_contenders_the_same_trials_and_writes_tuned_setti
     assert config.train.baseline_learning_rate == tuned["train"]["baseline_learning_rate"]
     # The trials' checkpoints are gone (only their scores are kept), the cold split unread.
     assert not list(Path(tmp_path, "tune").glob("trial-*/checkpoints"))
+    # Training at another world size than the trials ran at says so.
+    tuned["tuned_at"]["world_size"] = 2
+    Path(tmp_path, "tuned.yaml").write_text(yaml.safe_dump(tuned))
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("gmeta_tf.training.trainer").addHandler(handler)  # main() set up logging
+    try:
+        Trainer(load_config("default", overrides + ["train.steps=2"]), fresh=True).run()
+    finally:
+        logging.getLogger("gmeta_tf.training.trainer").removeHandler(handler)
+    assert any("were tuned at 2 rank(s) and train at 1" in w for w in warnings), warnings
