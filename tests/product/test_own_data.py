@@ -30,7 +30,7 @@ def run_readme_commands(work: Path, first_line: str,
     results = []
     for words in readme_commands_after(first_line):
         assert words[0] == "gmeta", words
-        extra = shorter if words[1] in ("train", "eval", "export") else []
+        extra = shorter if words[1] in ("tune", "train", "eval", "export") else []
         result = subprocess.run([gmeta(), *words[1:], *extra], cwd=work, capture_output=True,
                                 text=True, timeout=900,
                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
