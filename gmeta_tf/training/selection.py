@@ -39,10 +39,13 @@ class Selection:
     Args:
         metric: The metric that chooses (``gmeta_tf.training.evaluation.selection_metric``).
         patience: Evaluations without any model improving before training stops (0: never).
+        patience_from: Evaluations at steps up to this one do not count toward patience
+            (the meta model's pre-training steps).
     """
 
     metric: str
     patience: int = 0
+    patience_from: int = 0
     best: dict[str, Best] = dataclasses.field(default_factory=dict)
     stale: int = 0
     history: list[dict] = dataclasses.field(default_factory=list)
@@ -59,7 +62,7 @@ class Selection:
             if improves(self.metric, value, previous.value if previous else None):
                 self.best[name] = Best(step, float(value), dict(metrics))
                 improved.append(name)
-        self.stale = 0 if improved else self.stale + 1
+        self.stale = 0 if improved or step <= self.patience_from else self.stale + 1
         self.history.append({"step": step, **{n: m for n, m in results.items()}})
         return improved
 
@@ -85,11 +88,11 @@ class Selection:
 
     @classmethod
     def load(cls, checkpoint_dir: str | Path, metric: str, patience: int,
-             up_to_step: int | None = None) -> "Selection":
+             up_to_step: int | None = None, patience_from: int = 0) -> "Selection":
         """The selection saved in ``checkpoint_dir`` (a fresh one if none, or if it chose
         on another metric), replayed up to ``up_to_step`` (a resumed run forgets the
         evaluations after the checkpoint it restarts from)."""
-        selection = cls(metric, patience)
+        selection = cls(metric, patience, patience_from)
         path = Path(checkpoint_dir) / BEST_FILE
         if not path.is_file():
             return selection

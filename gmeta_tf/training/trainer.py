@@ -7,9 +7,10 @@ Training tasks' support and query rows are drawn anew each epoch (``train.respli
 Every ``train.eval_every`` steps each model is scored on the validation split; its best
 step is checkpointed and kept (``gmeta_tf.training.selection``), and with
 ``train.patience`` training stops when no model has improved for that many evaluations
-(counted from the end of ``train.pretrain_steps``). Rank 0 draws the progress bar and
-writes TensorBoard scalars; figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are summed or
-averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
+(counted from the end of ``train.pretrain_steps``); a loss that is not finite stops it at
+the next log or validation step. Rank 0 draws the progress bar and writes TensorBoard
+scalars; figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are
+summed or averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
 table shards) are written every ``train.checkpoint_every`` steps and at the end;
 ``resume=True`` restores the latest one. The batches of step n on rank r are a function
 of the shuffle seed, n, r and the world size, so on the world size that saved the
@@ -322,9 +323,10 @@ class Trainer:
             distributed.broadcast_variables(variables)
         self._write_config()
         batches = self._batches(start, models.is_meta)
+        patience_from = t.pretrain_steps if models.is_meta else 0
         selection = Selection.load(self.ckpt_dir, selection_metric(config), t.patience,
-                                   up_to_step=start) if start else \
-            Selection(selection_metric(config), t.patience)
+                                   up_to_step=start, patience_from=patience_from) if start else \
+            Selection(selection_metric(config), t.patience, patience_from)
         tensorboard = _Scalars(config.tensorboard_dir if self.rank == 0 else None)
         bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
         self._cache_base = self._cache_totals(models)
@@ -353,10 +355,12 @@ class Trainer:
         for step in self._stops(start):
             out = train(batches, done, step)
             done = step
-            if step % t.log_every == 0 or step == t.steps:
+            logs = step % t.log_every == 0 or step == t.steps
+            validates = bool(t.eval_every) and (step % t.eval_every == 0 or step == t.steps)
+            if logs:
                 self._report(step, out, models, meter, bar, tensorboard, hybrid)
             with meter.paused():  # samples/s counts training time only
-                diverged = self._diverged(step, out)
+                diverged = self._diverged(out) if logs or validates else []
                 if diverged:
                     log.warning("step %d: not finite: the %s (training diverged); training "
                                 "stops here and each model keeps its best checkpoint on "
@@ -364,11 +368,9 @@ class Trainer:
                     stopped = step
                     break
                 improved = []
-                if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
+                if validates:
                     eval_metrics, improved = self._validate(step, models, tensorboard,
                                                             selection)
-                if models.is_meta and step <= t.pretrain_steps:
-                    selection.stale = 0  # patience counts from the start of meta-training
                 if improved or (t.checkpoint_every and step % t.checkpoint_every == 0):
                     last_ckpt = self._save(models, step, selection)
                 if selection.should_stop:
@@ -387,13 +389,9 @@ class Trainer:
         tensorboard.close()
         return result
 
-    def _diverged(self, step: int, out: dict) -> list[str]:
-        """The losses that are NaN or infinite on any rank, checked at every log and
-        validation step (the same steps on every rank, so the check is collective)."""
-        t = self.config.train
-        if not (step % t.log_every == 0 or step == t.steps
-                or (t.eval_every and step % t.eval_every == 0)):
-            return []
+    def _diverged(self, out: dict) -> list[str]:
+        """The losses that are NaN or infinite on any rank (a collective: call it at the
+        same steps on every rank)."""
         names = sorted(k for k in out if k.endswith("loss"))
         bad = np.array([0.0 if np.isfinite(float(out[k])) else 1.0 for k in names])
         total = distributed.sum_over_ranks(bad) if names else bad

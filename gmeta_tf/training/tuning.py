@@ -266,7 +266,7 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
             runs = [v if math.isfinite(v) else (-math.inf if maximize else math.inf)
                     for v in runs]
             return sum(runs) / len(runs)
-        candidates = ranked[name][:max(rechecks, 1)]
+        candidates = [n for n in ranked[name] if (name, n) in rechecked] or ranked[name][:1]
         number = (max if maximize else min)(candidates, key=score)
         best = results[number]
         chosen[name] = {"trial": number, "value": best.values[name],
@@ -326,12 +326,11 @@ def write_tuned(config: PipelineConfig, summary: dict) -> Path:
             node[leaf] = value
     lines = [f"# Chosen by gmeta tune on the '{summary['split']}' split by validation "
              f"{summary['metric']}, {summary['trials']} trials per study and "
-             f"{summary.get('rechecks', 0)} re-checks, at world size "
-             f"{summary.get('world_size', 1)}:"]
+             f"{summary['rechecks']} re-checks, at world size {summary['world_size']}:"]
     lines += [f"#   {n}: trial {c['trial']}, {summary['metric']} {c['value']:.4f} (best step "
-              f"{c['best_step']}; with its re-check {c.get('mean_with_recheck', c['value']):.4f})"
+              f"{c['best_step']}; with its re-check {c['mean_with_recheck']:.4f})"
               for n, c in summary["chosen"].items()]
-    nested[TUNED_AT_KEY] = {"world_size": int(summary.get("world_size", 1))}
+    nested[TUNED_AT_KEY] = {"world_size": summary["world_size"]}
     text = "\n".join(lines) + "\n" + yaml.safe_dump(nested, sort_keys=True)
     path = Path(config.run_dir) / TUNED_FILE
     write_atomically(path, lambda tmp: Path(tmp).write_text(text))

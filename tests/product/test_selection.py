@@ -37,6 +37,21 @@ def test_selection_keeps_each_models_best_and_counts_patience(tmp_path):
     assert lower.update(2, {"model": {"mae": 0.8}}) == ["model"]
 
 
+def test_evaluations_during_pretraining_do_not_count_toward_patience(tmp_path):
+    """Patience counts from ``patience_from`` (the end of pre-training), in a run and in
+    the replay a resumed run makes of it."""
+    s = Selection("auc", patience=1, patience_from=4)
+    s.update(2, {"model": {"auc": 0.6}})
+    s.update(4, {"model": {"auc": 0.5}})      # no better, but still pre-training
+    assert s.stale == 0 and not s.should_stop
+    s.update(6, {"model": {"auc": 0.55}})
+    assert s.should_stop
+    s.save(tmp_path)
+    resumed = Selection.load(tmp_path, "auc", 1, up_to_step=4, patience_from=4)
+    assert resumed.stale == 0 and not resumed.should_stop
+    assert Selection.load(tmp_path, "auc", 1, up_to_step=4).should_stop  # without it: stops
+
+
 @pytest.fixture(scope="module")
 def stopped_run(tiny_data, tmp_path_factory):
     """A run with validation every 2 steps, patience 2, one checkpoint kept."""
