@@ -31,7 +31,7 @@ from gmeta_tf.embedding import (
     ShardedHashEmbedding,
     TableConfig,
 )
-from gmeta_tf.embedding.hybrid import HybridTrainer
+from gmeta_tf.training.hybrid import HybridTrainer
 
 GLOBAL_BATCH = 32
 STEPS = 9
