@@ -73,13 +73,16 @@ void Dedup(const int64_t* ids, int64_t n, int64_t num_partitions, DedupResult* o
     }
     bucket_begin[buckets] = at;
   }
+  // The ids are copied beside their positions so each bucket is then read sequentially.
   std::vector<int32_t> by_bucket(n);
+  std::vector<int64_t> bucket_ids(n);
   pfor(chunks, (n / chunks + 1) * 10, [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
       int64_t* offset = hist.data() + c * buckets;
       for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) {
-        by_bucket[offset[bucket_of(Mix64(static_cast<uint64_t>(ids[i])))]++] =
-            static_cast<int32_t>(i);
+        const int64_t at = offset[bucket_of(Mix64(static_cast<uint64_t>(ids[i])))]++;
+        by_bucket[at] = static_cast<int32_t>(i);
+        bucket_ids[at] = ids[i];
       }
     }
   });
@@ -99,7 +102,7 @@ void Dedup(const int64_t* ids, int64_t n, int64_t num_partitions, DedupResult* o
       std::vector<int64_t>& counts = bucket_counts[b];
       for (int64_t k = lo; k < hi; ++k) {
         const int32_t i = by_bucket[k];
-        const int64_t id = ids[i];
+        const int64_t id = bucket_ids[k];
         uint64_t h = Mix64(static_cast<uint64_t>(id)) & map.mask;
         while (true) {
           DedupSlot& slot = map.slots[h];
@@ -156,7 +159,7 @@ void Dedup(const int64_t* ids, int64_t n, int64_t num_partitions, DedupResult* o
       for (size_t k = 0; k < firsts.size(); ++k) {
         const int32_t g = number_at[firsts[k]];
         number[k] = g;
-        out->unique_ids[g] = ids[firsts[k]];
+        out->unique_ids[g] = ids[firsts[k]];  // one read per unique id
         out->counts[g] = bucket_counts[b][k];
       }
       for (int64_t k = bucket_begin[b]; k < bucket_begin[b + 1]; ++k) {

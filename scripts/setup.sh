@@ -42,7 +42,7 @@ if ! python -c "import horovod.tensorflow" >/dev/null 2>&1; then
 fi
 
 echo "[setup] building the op library"
-make -s -C ops PYTHON="$VENV/bin/python"
+make -s -j"$(nproc)" -C ops PYTHON="$VENV/bin/python"
 
 pkg_hash=$(hash_of pyproject.toml)
 if [ "$(cat "$(stamp editable)" 2>/dev/null)" != "$pkg_hash" ]; then

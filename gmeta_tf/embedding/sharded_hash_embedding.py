@@ -358,7 +358,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         handles = pulled.owner_handles or (None,) * num_tables
         updated = [
             self.shards[t.name].apply_gradients(
-                pulled.owner_ids[i], tf.concat(owner_grads[i], 0) * self.gradient_scale,
+                pulled.owner_ids[i], self._scaled(tf.concat(owner_grads[i], 0)),
                 step=pulled.step, row_handles=handles[i])
             for i, t in enumerate(self.table_configs)
         ]
@@ -369,7 +369,6 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         if training is False:
             return [shard.lookup(i) for shard, i in zip(shards, ids)]
         step = self.step.assign_add(1)
-        scale = self.gradient_scale
 
         @tf.custom_gradient
         def rows_with_fused_update(trigger):
@@ -379,7 +378,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
 
             def apply_updates(*d_rows):
                 updates = [
-                    shard.apply_gradients(i, tf.convert_to_tensor(d) * scale, step=step,
+                    shard.apply_gradients(i, self._scaled(tf.convert_to_tensor(d)), step=step,
                                           row_handles=r.row_handles)
                     for shard, i, d, r in zip(shards, ids, d_rows, looked_up) if d is not None
                 ]
@@ -389,6 +388,10 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
             return rows, apply_updates
 
         return list(rows_with_fused_update(self.update_trigger))
+
+    def _scaled(self, grads: tf.Tensor) -> tf.Tensor:
+        """Row gradients times ``gradient_scale`` (no pass over them when it is 1)."""
+        return grads if self.gradient_scale == 1.0 else grads * self.gradient_scale
 
     # ---- state --------------------------------------------------------------------------
     def rebalance_caches(self, step: int) -> int:
