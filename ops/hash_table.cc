@@ -127,22 +127,9 @@ int64_t HashTable::Shard::FindOrInsert(int64_t key) {
 
 void HashTable::Shard::Erase(int64_t index) {
   FreeRow(slots[index].row);
-  // Backward-shift deletion: pull later members of the probe run into the hole so
-  // lookups never need tombstones.
-  const uint64_t mask = slots.size() - 1;
-  uint64_t i = static_cast<uint64_t>(index);
-  uint64_t j = i;
-  while (true) {
-    j = (j + 1) & mask;
-    if (slots[j].row == kEmpty) break;
-    const uint64_t k = Home(slots[j].key);
-    const bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
-    if (!stays) {
-      slots[i] = slots[j];
-      i = j;
-    }
-  }
-  slots[i].row = kEmpty;
+  BackwardShiftErase(
+      slots, static_cast<uint64_t>(index), [](const Slot& s) { return s.row == kEmpty; },
+      [this](const Slot& s) { return Home(s.key); }, [](Slot& s) { s.row = kEmpty; });
   --num_entries;
 }
 

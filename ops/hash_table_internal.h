@@ -21,6 +21,28 @@ inline int64_t NextPow2(int64_t x) {
   return p;
 }
 
+// Backward-shift deletion from a linear-probing index (power-of-two size): empties entry
+// i and pulls later members of its probe run into the hole, so lookups never need
+// tombstones. is_empty(entry), home(entry) (its home position) and clear(entry) describe
+// the index's entries.
+template <typename Entry, typename IsEmpty, typename Home, typename Clear>
+void BackwardShiftErase(std::vector<Entry>& index, uint64_t i, IsEmpty is_empty, Home home,
+                        Clear clear) {
+  const uint64_t mask = index.size() - 1;
+  uint64_t j = i;
+  while (true) {
+    j = (j + 1) & mask;
+    if (is_empty(index[j])) break;
+    const uint64_t k = home(index[j]);
+    const bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
+    if (!stays) {
+      index[i] = index[j];
+      i = j;
+    }
+  }
+  clear(index[i]);
+}
+
 struct HashTable::Shard {
   static constexpr int64_t kBlockRows = 1 << 14;
   static constexpr int64_t kEmpty = -2;     // Slot::row of a free index entry

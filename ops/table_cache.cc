@@ -46,19 +46,9 @@ void HashTable::Cache::Erase(int64_t k) {
   if (index[i].slot == kFree) return;
   free_slots.push_back(index[i].slot);
   dirty[index[i].slot] = 0;
-  // Backward-shift deletion, as in Shard::Erase.
-  uint64_t j = i;
-  while (true) {
-    j = (j + 1) & mask;
-    if (index[j].slot == kFree) break;
-    const uint64_t h = Home(index[j].key);
-    const bool stays = (i <= j) ? (i < h && h <= j) : (i < h || h <= j);
-    if (!stays) {
-      index[i] = index[j];
-      i = j;
-    }
-  }
-  index[i].slot = kFree;
+  BackwardShiftErase(
+      index, i, [](const IndexEntry& e) { return e.slot == kFree; },
+      [this](const IndexEntry& e) { return Home(e.key); }, [](IndexEntry& e) { e.slot = kFree; });
 }
 
 void HashTable::CacheWriteBack(const std::vector<int32_t>& slots) {
