@@ -134,7 +134,7 @@ def run(name: str, batches: list[dict]) -> dict[str, np.ndarray]:
         else:
             trainer.fit(batches[:SPLIT_AT])
             for shard in emb.shards.values():
-                if hasattr(shard, "rebalance"):
+                if shard.cache is not None:
                     shard.rebalance()
             trainer.fit(batches[SPLIT_AT:])
         metrics = trainer.metrics()
