@@ -11,7 +11,7 @@ setup:
 	@bash scripts/setup.sh
 
 ops:
-	@$(MAKE) -s -C ops PYTHON=$(abspath $(PY))
+	@$(MAKE) -s -j"$$(nproc)" -C ops PYTHON=$(abspath $(PY))
 
 # The main job: generate users -> horovodrun -np 2 meta-training -> cold-start eval against
 # the baseline -> SavedModel export -> serve it in a fresh process -> summary table.

@@ -19,7 +19,7 @@ empty tables on the same 6 batches (batch 0 warms up and traces, batches 1-5 are
     hybrid_s{0,1,2,4}  HybridTrainer with staleness 0 (synchronous schedule), 1, 2, 4
     hybrid_s0_cache1, hybrid_s0_cache5   hybrid s=0 with a MixCache holding 1% / 5% of the
                   ids the run sees (split over the owners), min_count 1, never rebalanced:
-                  lookups admit by exact frequency (gmeta_tf.embedding.mix_cache)
+                  lookups admit by exact frequency (gmeta_tf.embedding.hash_table)
     hybrid_s4_cache1   hybrid s=4 with the 1% cache
 
 samples/s = timed samples / wall time, the median over --repeats (default 7; each repeat
@@ -164,15 +164,16 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.embedding_batches import BatchSpec, make_batch
-from gmeta_tf import distributed, ops
+from gmeta_tf import distributed
 from gmeta_tf.embedding import (
     Adagrad,
     FeatureConfig,
     MixCacheConfig,
     ShardedHashEmbedding,
     TableConfig,
+    table_ops,
 )
-from gmeta_tf.embedding.hybrid import HybridTrainer
+from gmeta_tf.training.hybrid import HybridTrainer
 
 REPO = Path(__file__).resolve().parent.parent
 CRITEO = REPO.parent / "shared" / "data" / "criteo"
@@ -313,7 +314,7 @@ def free_tables(emb: ShardedHashEmbedding) -> None:
     """Frees a finished contender's tables now: traced functions keep the layer (and so
     its tables) alive, and 16 contenders' tables of ~2M rows each exhaust the host."""
     for shard in emb.shards.values():
-        ops.destroy_table(shard.handle)
+        table_ops.destroy_table(shard.handle)
     gc.collect()
 
 

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 _SNAPSHOT_FIELDS = ("ids", "values", "slots", "freq", "last_seen", "admitted")
-# dtype kind and rank of each field of a table snapshot (see gmeta_tf.ops.TableSnapshot).
+# dtype kind and rank of each field of a table snapshot (see gmeta_tf.embedding.table_ops.TableSnapshot).
 _FIELD_SPECS = {"ids": ("i", 1), "values": ("f", 2), "slots": ("f", 2), "freq": ("i", 1),
                 "last_seen": ("i", 1), "admitted": ("b", 1)}
 _CKPT_NAME = re.compile(r"ckpt-(\d+)")

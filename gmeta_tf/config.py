@@ -201,7 +201,7 @@ class MetaSection:
 
 @dataclasses.dataclass(frozen=True)
 class HybridSection:
-    """PERSIA hybrid training (``gmeta_tf.embedding.HybridTrainer``): embedding lookups run
+    """PERSIA hybrid training (``gmeta_tf.training.hybrid.HybridTrainer``): embedding lookups run
     up to ``staleness`` batches ahead of their updates in a background thread while the
     dense tower trains synchronously; 0 is synchronous training through the same two
     phases (its result equals the plain path's)."""

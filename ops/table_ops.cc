@@ -1,5 +1,6 @@
-// TensorFlow bindings of the embedding hash table (hash_table.h): a resource holding
-// one table, and the kernels that read, train, evict, export and import it, plus the
+// TensorFlow bindings of the embedding hash table (hash_table.h): a resource holding one
+// table (with its cache of hot rows, when it has one), the kernels that read, train,
+// evict, export and import it, the cache's own three (flush, rebalance, stats), plus the
 // fused dedup/partition op of Virtual Sparse Id.
 #include <string>
 
@@ -64,16 +65,22 @@ REGISTER_OP("GmetaHashTable")
     .Attr("init_scale: float = 0.05")
     .Attr("admit_after: int >= 0 = 1")
     .Attr("default_value: float = 0.0")
+    .Attr("cache_capacity: int >= 0 = 0")
+    .Attr("cache_min_count: int >= 1 = 2")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
-    .Doc("An int64 -> float[dim] hash table with optimizer slots, counters and admission.");
+    .Doc("An int64 -> float[dim] hash table with optimizer slots, counters and admission, "
+         "and a cache of cache_capacity hot rows inside it when cache_capacity > 0.");
 
 class HashTableOp : public ::tensorflow::ResourceOpKernel<TableResource> {
  public:
   explicit HashTableOp(OpKernelConstruction* c) : ResourceOpKernel(c) {
     OP_REQUIRES_OK(c, ReadTableConfig(c, &config_));
+    OP_REQUIRES_OK(c, c->GetAttr("cache_capacity", &config_.cache_capacity));
+    OP_REQUIRES_OK(c, c->GetAttr("cache_min_count", &config_.cache_min_count));
+    OP_REQUIRES(c, config_.cache_capacity < (int64_t{1} << 31),
+                InvalidArgument("cache_capacity must be below 2^31, got ", config_.cache_capacity));
   }
-
 
  private:
   Status CreateResource(TableResource** resource) override {
@@ -82,10 +89,13 @@ class HashTableOp : public ::tensorflow::ResourceOpKernel<TableResource> {
   }
   Status VerifyResource(TableResource* resource) override {
     const TableConfig& have = resource->table().config();
-    if (have.dim != config_.dim || have.num_slots != config_.num_slots) {
+    if (have.dim != config_.dim || have.num_slots != config_.num_slots ||
+        have.cache_capacity != config_.cache_capacity) {
       return InvalidArgument("a table named '", cinfo_.name(), "' already exists with dim ",
-                             have.dim, " and ", have.num_slots, " slots; asked for dim ",
-                             config_.dim, " and ", config_.num_slots, " slots");
+                             have.dim, ", ", have.num_slots, " slots and a cache of ",
+                             have.cache_capacity, " rows; asked for dim ", config_.dim, ", ",
+                             config_.num_slots, " slots and a cache of ",
+                             config_.cache_capacity, " rows");
     }
     return ::tensorflow::OkStatus();
   }
@@ -100,16 +110,21 @@ REGISTER_OP("GmetaTableLookupOrInsert")
     .Input("counts: int64")
     .Input("step: int64")
     .Output("values: float")
+    .Output("row_handles: int64")
     .Attr("dim: int >= 1")
+    .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       DimensionHandle n;
       TF_RETURN_IF_ERROR(VectorLength(c, 1, &n));
       int64_t dim;
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
       c->set_output(0, c->Matrix(n, dim));
+      c->set_output(1, c->Vector(n));
       return ::tensorflow::OkStatus();
     })
-    .Doc("Rows of ids, inserting missing ids with their deterministic initial row.");
+    .Doc("Rows of ids, inserting missing ids with their deterministic initial row (hot ids "
+         "read the cache, which admits by exact frequency); row_handles let "
+         "GmetaTableApplyGradients reach the rows without probing again.");
 
 class LookupOrInsertOp : public OpKernel {
  public:
@@ -131,11 +146,13 @@ class LookupOrInsertOp : public OpKernel {
                 InvalidArgument("counts must be empty or have one entry per id (", n,
                                 "), got shape ", counts.shape().DebugString()));
     Tensor* values = nullptr;
+    Tensor* handles = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &handles));
     table.LookupOrInsert(ids.flat<int64_t>().data(),
                          counts.NumElements() ? counts.flat<int64_t>().data() : nullptr, n,
                          step.scalar<int64_t>()(), values->flat<float>().data(),
-                         MakeParallelFor(ctx));
+                         handles->flat<int64_t>().data(), MakeParallelFor(ctx));
   }
 
  private:
@@ -159,7 +176,8 @@ REGISTER_OP("GmetaTableLookup")
       c->set_output(1, c->Vector(n));
       return ::tensorflow::OkStatus();
     })
-    .Doc("Read-only lookup: ids without a row read the default row; nothing is inserted.");
+    .Doc("Read-only lookup (through the cache): ids without a row read the default row; "
+         "nothing is inserted or counted.");
 
 class LookupOp : public OpKernel {
  public:
@@ -191,6 +209,7 @@ REGISTER_KERNEL_BUILDER(Name("GmetaTableLookup").Device(DEVICE_CPU), LookupOp);
 REGISTER_OP("GmetaTableApplyGradients")
     .Input("table: resource")
     .Input("ids: int64")
+    .Input("row_handles: int64")
     .Input("grads: float")
     .Input("learning_rate: float")
     .Input("epsilon: float")
@@ -204,13 +223,15 @@ REGISTER_OP("GmetaTableApplyGradients")
       DimensionHandle n;
       TF_RETURN_IF_ERROR(VectorLength(c, 1, &n));
       ShapeHandle g;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &g));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &g));
       DimensionHandle unused;
       TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(g, 0), &unused));
       c->set_output(0, c->Scalar());
       return ::tensorflow::OkStatus();
     })
-    .Doc("One fused sparse optimizer step on the rows of ids (duplicates summed first).");
+    .Doc("One fused sparse optimizer step on the rows of ids (duplicates summed first; "
+         "cached rows updated in the cache). row_handles: GmetaTableLookupOrInsert's for "
+         "these ids, or empty (then every id is probed).");
 
 class ApplyGradientsOp : public OpKernel {
  public:
@@ -231,28 +252,33 @@ class ApplyGradientsOp : public OpKernel {
                                 " slots per row but the table was created with ",
                                 table.config().num_slots));
     const Tensor& ids = ctx->input(1);
-    const Tensor& grads = ctx->input(2);
+    const Tensor& handles = ctx->input(2);
+    const Tensor& grads = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckVector(ids, "ids"));
-    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == ids.dim_size(0) &&
-                         grads.dim_size(1) == dim,
-                InvalidArgument("grads must have shape [", ids.dim_size(0), ", ", dim,
+    const int64_t n = ids.dim_size(0);
+    OP_REQUIRES(ctx, handles.NumElements() == 0 || (handles.dims() == 1 && handles.dim_size(0) == n),
+                InvalidArgument("row_handles must be empty or have one entry per id (", n,
+                                "), got shape ", handles.shape().DebugString()));
+    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == n && grads.dim_size(1) == dim,
+                InvalidArgument("grads must have shape [", n, ", ", dim,
                                 "] (one row per id, table dim ", dim, "), got ",
                                 grads.shape().DebugString()));
-    for (int i = 3; i <= 7; ++i) OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(i), "hyper-parameter"));
+    for (int i = 4; i <= 8; ++i) OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(i), "hyper-parameter"));
     OptimizerParams p;
     p.kind = kind_;
-    p.learning_rate = ctx->input(3).scalar<float>()();
-    p.epsilon = ctx->input(4).scalar<float>()();
-    p.beta1 = ctx->input(5).scalar<float>()();
-    p.beta2 = ctx->input(6).scalar<float>()();
-    p.step = ctx->input(7).scalar<int64_t>()();
+    p.learning_rate = ctx->input(4).scalar<float>()();
+    p.epsilon = ctx->input(5).scalar<float>()();
+    p.beta1 = ctx->input(6).scalar<float>()();
+    p.beta2 = ctx->input(7).scalar<float>()();
+    p.step = ctx->input(8).scalar<int64_t>()();
     OP_REQUIRES(ctx, kind_ != Optimizer::kAdam || p.step >= 1,
                 InvalidArgument("Adam's step must be >= 1, got ", p.step));
     Tensor* updated = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &updated));
-    updated->scalar<int64_t>()() =
-        table.ApplyGradients(ids.flat<int64_t>().data(), grads.flat<float>().data(),
-                             ids.dim_size(0), p, MakeParallelFor(ctx));
+    updated->scalar<int64_t>()() = table.ApplyGradients(
+        ids.flat<int64_t>().data(),
+        handles.NumElements() ? handles.flat<int64_t>().data() : nullptr,
+        grads.flat<float>().data(), n, p, MakeParallelFor(ctx));
   }
 
  private:
@@ -271,7 +297,7 @@ REGISTER_OP("GmetaTableSize")
       c->set_output(1, c->Scalar());
       return ::tensorflow::OkStatus();
     })
-    .Doc("Number of ids known to the table, and of those with a row.");
+    .Doc("Number of ids known to the table, and of those with a row (cached ids included).");
 
 class SizeOp : public OpKernel {
  public:
@@ -301,7 +327,8 @@ REGISTER_OP("GmetaTableEvict")
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       return ::tensorflow::OkStatus();
     })
-    .Doc("Evicts ids not seen for max_age steps, then the least recently seen beyond max_size.");
+    .Doc("Evicts ids not seen for max_age steps, then the least recently seen beyond "
+         "max_size (after writing the cache back; evicted ids leave the cache too).");
 
 class EvictOp : public OpKernel {
  public:
@@ -343,7 +370,9 @@ REGISTER_OP("GmetaTableExport")
       for (int i = 3; i <= 5; ++i) c->set_output(i, c->Vector(n));
       return ::tensorflow::OkStatus();
     })
-    .Doc("Every entry, sorted by id: rows, slots, frequency, last-seen step, admitted.");
+    .SetIsStateful()
+    .Doc("Every entry, sorted by id: rows, slots, frequency, last-seen step, admitted "
+         "(after writing the cache back: exactly the trained state).");
 
 class ExportOp : public OpKernel {
  public:
@@ -384,7 +413,8 @@ REGISTER_OP("GmetaTableImport")
       c->set_output(0, c->Scalar());
       return ::tensorflow::OkStatus();
     })
-    .Doc("Loads exported entries (only those owned by shard_index of num_shards).");
+    .Doc("Loads exported entries (only those owned by shard_index of num_shards); the cache "
+         "is written back and emptied first.");
 
 class ImportOp : public OpKernel {
  public:
@@ -440,6 +470,90 @@ class ImportOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("GmetaTableImport").Device(DEVICE_CPU), ImportOp);
 
 // ---------------------------------------------------------------------------------------
+// The cache's own: a table created without a cache refuses them.
+Status GetCachedTable(OpKernelContext* ctx, ::tensorflow::core::RefCountPtr<TableResource>* out) {
+  TF_RETURN_IF_ERROR(GetTable(ctx, out));
+  if (!(*out)->table().HasCache()) {
+    return InvalidArgument("the table has no cache (it was created with cache_capacity 0)");
+  }
+  return ::tensorflow::OkStatus();
+}
+
+REGISTER_OP("GmetaTableCacheFlush")
+    .Input("table: resource")
+    .Output("written: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("Writes every cached entry changed since its last write-back to the table.");
+
+class CacheFlushOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetCachedTable(ctx, &res));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = res->table().FlushCache();
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableCacheFlush").Device(DEVICE_CPU), CacheFlushOp);
+
+REGISTER_OP("GmetaTableCacheRebalance")
+    .Input("table: resource")
+    .Output("cached: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("Flushes the cache, then makes it hold the table's most frequent ids (ties by "
+         "ascending id), found by one pass over the index; returns how many are cached.");
+
+class CacheRebalanceOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetCachedTable(ctx, &res));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = res->table().RebalanceCache(MakeParallelFor(ctx));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableCacheRebalance").Device(DEVICE_CPU), CacheRebalanceOp);
+
+REGISTER_OP("GmetaTableCacheStats")
+    .Input("table: resource")
+    .Output("stats: int64")
+    .Output("cached_ids: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(9));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("[capacity, size, lookups, hits, unique_lookups, unique_hits, admitted, evicted, "
+         "written_back] and the cached ids (sorted).");
+
+class CacheStatsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<TableResource> res;
+    OP_REQUIRES_OK(ctx, GetCachedTable(ctx, &res));
+    const CacheStats s = res->table().GetCacheStats();
+    const std::vector<int64_t> ids = res->table().CachedIds();
+    Tensor *stats = nullptr, *cached = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({9}), &stats));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            1, TensorShape({static_cast<int64_t>(ids.size())}), &cached));
+    const int64_t v[9] = {s.capacity, s.size, s.lookups, s.hits, s.unique_lookups,
+                          s.unique_hits, s.admitted, s.evicted, s.written_back};
+    std::copy(v, v + 9, stats->flat<int64_t>().data());
+    std::copy(ids.begin(), ids.end(), cached->flat<int64_t>().data());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("GmetaTableCacheStats").Device(DEVICE_CPU), CacheStatsOp);
+
+// ---------------------------------------------------------------------------------------
 REGISTER_OP("GmetaDedup")
     .Input("ids: int64")
     .Input("num_partitions: int32")
@@ -472,7 +586,7 @@ class DedupOp : public OpKernel {
     OP_REQUIRES(ctx, ids.dim_size(0) < (int64_t{1} << 31),
                 InvalidArgument("at most 2^31 - 1 ids per call, got ", ids.dim_size(0)));
     DedupResult r;
-    Dedup(ids.flat<int64_t>().data(), ids.dim_size(0), parts, &r);
+    Dedup(ids.flat<int64_t>().data(), ids.dim_size(0), parts, &r, MakeParallelFor(ctx));
     const int64_t u = static_cast<int64_t>(r.unique_ids.size());
     Tensor *unique, *inverse, *counts, *splits;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique));

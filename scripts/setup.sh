@@ -63,7 +63,7 @@ if [ "${1:-}" = "--stack" ]; then
 fi
 
 echo "[setup] building the op library"
-make -s -C ops PYTHON="$VENV/bin/python"
+make -s -j"$(nproc)" -C ops PYTHON="$VENV/bin/python"
 
 pkg_hash=$(hash_of pyproject.toml)
 if [ "$(cat "$(stamp editable)" 2>/dev/null)" != "$pkg_hash" ]; then

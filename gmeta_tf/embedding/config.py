@@ -1,4 +1,4 @@
-"""Small config types of the embedding layers: one table, one feature."""
+"""Small config types of the embedding layers: one table, its cache, one feature."""
 
 from __future__ import annotations
 
@@ -6,17 +6,50 @@ import dataclasses
 from typing import Any
 
 from gmeta_tf.embedding import sparse_optimizers
-from gmeta_tf.embedding.mix_cache import MixCacheConfig
 
 COMBINERS = (None, "sum", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class MixCacheConfig:
+    """Size and admission rule of one table's cache (per shard: per owner rank).
+
+    Args:
+        capacity: Rows the cache holds, >= 1.
+        min_count: Occurrences (accumulated over every lookup) an id needs before it may
+            enter the cache, >= 1. A full cache also needs it to be more frequent than its
+            least frequent id, so ``min_count`` matters most while the cache fills: 1
+            leaves no slot idle.
+        rebalance_every: Every this many training steps, the training loops (synchronous
+            and :class:`~gmeta_tf.training.hybrid.HybridTrainer`) call ``rebalance``: the
+            cache then holds exactly the shard's most frequent ids. Lookups already admit by exact frequency, so 0 (never) is
+            the usual choice; a rebalance costs one pass over the shard's index.
+
+    Example::
+
+        MixCacheConfig(capacity=20_000, min_count=1)
+    """
+
+    capacity: int
+    min_count: int = 2
+    rebalance_every: int = 0
+
+    def __post_init__(self):
+        for name, low in (("capacity", 1), ("min_count", 1), ("rebalance_every", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"MixCacheConfig.{name} must be an integer >= {low}, "
+                                 f"got {value!r}")
+        if self.capacity >= 2**31:
+            raise ValueError(f"MixCacheConfig.capacity must be below 2**31, got {self.capacity}")
 
 
 @dataclasses.dataclass(frozen=True)
 class TableConfig:
     """One hash table: its dim, fused sparse optimizer, row policy and optional MixCache.
 
-    ``cache`` (a :class:`MixCacheConfig`, or None) puts a MixCache of hot rows in front of
-    each rank's shard of the table (``gmeta_tf.embedding.mix_cache``).
+    ``cache`` (a :class:`MixCacheConfig`, or None) puts a MixCache of hot rows inside each
+    rank's shard of the table (see :class:`~gmeta_tf.embedding.HashTable`).
 
     Example::
 

@@ -20,10 +20,13 @@ averaging over the whole batch. Dense gradients never pass through here.
 At size 1 (no horovodrun) the exchanges are identities: the same code path runs.
 
 The same exchanges are available as two explicit phases for hybrid training
-(``gmeta_tf.embedding.hybrid``): :meth:`ShardedHashEmbedding.pull` (steps 1-4, no autodiff)
+(``gmeta_tf.training.hybrid``): :meth:`ShardedHashEmbedding.pull` (steps 1-4, no autodiff)
 and :meth:`ShardedHashEmbedding.push` (the backward all-to-all and the fused update), with
 the dense step in between. Tables with a ``TableConfig.cache`` (or listed in ``caches``)
-get a MixCache in front of their shard (``gmeta_tf.embedding.mix_cache``).
+get a MixCache inside their shard (see :class:`~gmeta_tf.embedding.HashTable`).
+
+The owners' lookups return row handles with the rows; the fused update takes them back,
+so it reaches the rows without probing the index a second time.
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ import tensorflow as tf
 from tensorflow.python.trackable.data_structures import NoDependency
 
 from gmeta_tf import distributed, ops
-from gmeta_tf.embedding.config import FeatureConfig, TableConfig
+from gmeta_tf.embedding import table_ops
+from gmeta_tf.embedding.config import FeatureConfig, MixCacheConfig, TableConfig
 from gmeta_tf.embedding.hash_table import HashTable
 from gmeta_tf.embedding.update_trigger import add_update_weights
 from gmeta_tf.embedding.id_salt import salt_ids
-from gmeta_tf.embedding.mix_cache import MixCacheConfig, MixCachedHashTable
 
 
 class _FlatFeature(NamedTuple):
@@ -125,6 +128,7 @@ class PulledRows(NamedTuple):
     owner_ids: tuple  # per table: ids this rank looked up as their owner
     headers: tf.Tensor  # [requesters, tables] int64
     step: tf.Tensor  # int64 scalar: the layer step of this lookup (and of its update)
+    owner_handles: tuple = ()  # per table: row handles of owner_ids (for the update)
 
 
 class ShardedHashEmbedding(tf.keras.layers.Layer):
@@ -170,11 +174,8 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         self.shards = NoDependency({t.name: self._make_shard(t) for t in self.table_configs})
 
     def _make_shard(self, config: TableConfig) -> HashTable:
-        name = f"{self.name}_{config.name}"
-        cache = self.cache_configs.get(config.name)
-        if cache is None:
-            return HashTable(config.dim, name=name, **config.table_kwargs())
-        return MixCachedHashTable(config.dim, cache, name=name, **config.table_kwargs())
+        return HashTable(config.dim, name=f"{self.name}_{config.name}",
+                         cache=self.cache_configs.get(config.name), **config.table_kwargs())
 
     def _validate(self):
         names = [t.name for t in self.table_configs]
@@ -326,13 +327,15 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         request = self._request(table_ids)
         step = self.step.assign_add(1)
         shards = [self.shards[t.name] for t in self.table_configs]
-        owner_rows = [shard.lookup_or_insert(i, step=step, counts=c)
-                      for shard, i, c in zip(shards, request.owner_ids, request.owner_counts)]
-        unique_rows = self._reply(owner_rows, request.headers, request.splits)
+        looked_up = [shard.lookup_for_update(i, step=step, counts=c)
+                     for shard, i, c in zip(shards, request.owner_ids, request.owner_counts)]
+        unique_rows = self._reply([r.values for r in looked_up], request.headers,
+                                  request.splits)
         return PulledRows(tuple(d.unique_ids for d in request.dedups), tuple(unique_rows),
                           tuple(d.inverse for d in request.dedups),
                           request.splits, tuple(request.owner_ids),
-                          tf.stack(request.headers), step)
+                          tf.stack(request.headers), step,
+                          tuple(r.row_handles for r in looked_up))
 
     def push(self, pulled: PulledRows, unique_row_grads: Sequence[tf.Tensor]) -> tf.Tensor:
         """The backward half: ONE all-to-all of the row gradients to the owners (counted
@@ -355,10 +358,11 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
                               num=num_tables)
             for t, piece in enumerate(pieces):
                 owner_grads[t].append(tf.reshape(piece, [-1, dims[t]]))
+        handles = pulled.owner_handles or (None,) * num_tables
         updated = [
             self.shards[t.name].apply_gradients(
-                pulled.owner_ids[i], tf.concat(owner_grads[i], 0) * self.gradient_scale,
-                step=pulled.step)
+                pulled.owner_ids[i], self._scaled(tf.concat(owner_grads[i], 0)),
+                step=pulled.step, row_handles=handles[i])
             for i, t in enumerate(self.table_configs)
         ]
         return tf.add_n(updated)
@@ -368,17 +372,18 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         if training is False:
             return [shard.lookup(i) for shard, i in zip(shards, ids)]
         step = self.step.assign_add(1)
-        scale = self.gradient_scale
 
         @tf.custom_gradient
         def rows_with_fused_update(trigger):
-            rows = [shard.lookup_or_insert(i, step=step, counts=c)
-                    for shard, i, c in zip(shards, ids, counts)]
+            looked_up = [shard.lookup_for_update(i, step=step, counts=c)
+                         for shard, i, c in zip(shards, ids, counts)]
+            rows = [r.values for r in looked_up]
 
             def apply_updates(*d_rows):
                 updates = [
-                    shard.apply_gradients(i, tf.convert_to_tensor(d) * scale, step=step)
-                    for shard, i, d in zip(shards, ids, d_rows) if d is not None
+                    shard.apply_gradients(i, self._scaled(tf.convert_to_tensor(d)), step=step,
+                                          row_handles=r.row_handles)
+                    for shard, i, d, r in zip(shards, ids, d_rows, looked_up) if d is not None
                 ]
                 with tf.control_dependencies(updates):
                     return tf.zeros_like(trigger)
@@ -387,6 +392,10 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
 
         return list(rows_with_fused_update(self.update_trigger))
 
+    def _scaled(self, grads: tf.Tensor) -> tf.Tensor:
+        """Row gradients times ``gradient_scale`` (no pass over them when it is 1)."""
+        return grads if self.gradient_scale == 1.0 else grads * self.gradient_scale
+
     # ---- state --------------------------------------------------------------------------
     def rebalance_caches(self, step: int) -> int:
         """Re-fills each MixCache whose ``rebalance_every`` divides ``step`` with its shard's
@@ -394,16 +403,16 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         many caches were re-filled."""
         refilled = 0
         for shard in self.shards.values():
-            every = shard.cache.rebalance_every if isinstance(shard, MixCachedHashTable) else 0
+            every = shard.cache.rebalance_every if shard.cache is not None else 0
             if every and step % every == 0:
                 shard.rebalance()
                 refilled += 1
         return refilled
 
     def cache_stats(self) -> dict[str, dict[str, float]]:
-        """This rank's MixCache counters per cached table (see MixCachedHashTable)."""
+        """This rank's MixCache counters per cached table (see HashTable.cache_stats)."""
         return {name: shard.cache_stats() for name, shard in self.shards.items()
-                if isinstance(shard, MixCachedHashTable)}
+                if shard.cache is not None}
 
     def table_sizes(self) -> dict[str, int]:
         """Rows (admitted ids) held by this rank's shard of each table."""
@@ -414,7 +423,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         return {name: int(shard.size()) for name, shard in self.shards.items()}
 
     def export_shards(self) -> dict[str, dict[str, np.ndarray]]:
-        """This rank's shard of every table, as NumPy arrays (see ops.TableSnapshot)."""
+        """This rank's shard of every table, as NumPy arrays (see table_ops.TableSnapshot)."""
         return {name: {k: v.numpy() for k, v in shard.export()._asdict().items()}
                 for name, shard in self.shards.items()}
 
@@ -427,7 +436,7 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
                 if name not in snap:
                     raise KeyError(f"{self.name}: a saved shard set has no table '{name}' "
                                    f"(it has {sorted(snap)})")
-                shard.import_(ops.TableSnapshot(**snap[name]), clear_first=first,
+                shard.import_(table_ops.TableSnapshot(**snap[name]), clear_first=first,
                               shard_index=self.world_rank, num_shards=self.world_size)
                 first = False
 
@@ -442,6 +451,60 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
             gradient_scale=self.gradient_scale,
             caches={name: dict(c.__dict__) for name, c in self.cache_configs.items()},
         )
+        return config
+
+
+class HashEmbedding(ShardedHashEmbedding):
+    """ShardedHashEmbedding with one table and one feature, called on the id tensor itself.
+
+    The same layer, exchanges and fused update (at world size 1, no horovodrun, the
+    exchanges are identities); only the input is a tensor instead of a feature dict, so it
+    drops into ``tf.keras.Sequential`` like ``tf.keras.layers.Embedding``. Its table is
+    ``layer.table`` (this rank's shard), tracked, so ``tf.train.Checkpoint(embedding=layer)``
+    saves and restores it.
+
+    Inputs: an int64 (or int32) tensor of any shape -> ``shape + [dim]``; with a combiner
+    ('sum' or 'mean'), a ``tf.RaggedTensor`` [B, None], a ``tf.SparseTensor`` [B, N] or a
+    dense [B, N] tensor of multi-hot ids -> [B, dim]. ``training=False`` reads without
+    inserting (unknown ids read the default row).
+
+    Example::
+
+        layer = HashEmbedding(dim=16, optimizer=Adagrad(0.05))
+        with tf.GradientTape() as tape:
+            emb = layer(ids)                          # [B, 26] -> [B, 26, 16]
+            loss = tf.reduce_mean(tf.square(tf.reduce_sum(emb, [1, 2]) - 1.0))
+        tape.gradient(loss, layer.trainable_variables)  # updates the table
+    """
+
+    FEATURE = "ids"
+
+    def __init__(self, dim: int, optimizer=None, combiner: str | None = None, seed: int = 0,
+                 initializer: str = "uniform", init_scale: float = 0.05, admit_after: int = 1,
+                 default_value: float = 0.0, cache: MixCacheConfig | None = None, **kwargs):
+        table = TableConfig(self.FEATURE, dim, optimizer=optimizer or "adagrad",
+                            initializer=initializer, init_scale=init_scale,
+                            admit_after=admit_after, default_value=default_value, seed=seed,
+                            cache=cache)
+        super().__init__([table], [FeatureConfig(self.FEATURE, self.FEATURE, combiner=combiner)],
+                         **kwargs)
+        self.dim = dim
+        self.table = self.shards[self.FEATURE]
+
+    def call(self, inputs, training=None):
+        return super().call({self.FEATURE: inputs}, training=training)[self.FEATURE]
+
+    def table_size(self) -> tf.Tensor:
+        return self.table.size()
+
+    def get_config(self):
+        table, feature = self.table_configs[0], self.feature_configs[0]
+        config = tf.keras.layers.Layer.get_config(self)
+        config.update(dim=self.dim, combiner=feature.combiner, seed=table.seed,
+                      optimizer=dict(name=table.optimizer.name, **table.optimizer.__dict__),
+                      initializer=table.initializer, init_scale=table.init_scale,
+                      admit_after=table.admit_after, default_value=table.default_value,
+                      cache=dict(table.cache.__dict__) if table.cache else None)
         return config
 
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import tensorflow as tf
 
-from gmeta_tf import ops
+from gmeta_tf.embedding import table_ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +35,11 @@ class SparseOptimizer:
     def slot_init(self) -> float:
         return 0.0
 
-    def apply(self, handle, ids, grads, step) -> tf.Tensor:
-        """Applies one step to the rows of ids (duplicates summed); returns rows updated."""
-        return ops.apply_gradients(handle, ids, grads, self.name, self.learning_rate, step=step)
+    def apply(self, handle, ids, grads, step, row_handles=None) -> tf.Tensor:
+        """Applies one step to the rows of ids (duplicates summed); returns rows updated.
+        ``row_handles``: the lookup's, sparing the probes (optional)."""
+        return table_ops.apply_gradients(handle, ids, grads, self.name, self.learning_rate,
+                                         step=step, row_handles=row_handles)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +59,10 @@ class Adagrad(SparseOptimizer):
     def slot_init(self) -> float:
         return self.initial_accumulator_value
 
-    def apply(self, handle, ids, grads, step) -> tf.Tensor:
-        return ops.apply_gradients(
-            handle, ids, grads, self.name, self.learning_rate, epsilon=self.epsilon, step=step
+    def apply(self, handle, ids, grads, step, row_handles=None) -> tf.Tensor:
+        return table_ops.apply_gradients(
+            handle, ids, grads, self.name, self.learning_rate, epsilon=self.epsilon, step=step,
+            row_handles=row_handles,
         )
 
 
@@ -72,8 +75,8 @@ class Adam(SparseOptimizer):
     name: ClassVar[str] = "adam"
     num_slots: ClassVar[int] = 2
 
-    def apply(self, handle, ids, grads, step) -> tf.Tensor:
-        return ops.apply_gradients(
+    def apply(self, handle, ids, grads, step, row_handles=None) -> tf.Tensor:
+        return table_ops.apply_gradients(
             handle,
             ids,
             grads,
@@ -83,6 +86,7 @@ class Adam(SparseOptimizer):
             beta1=self.beta_1,
             beta2=self.beta_2,
             step=step,
+            row_handles=row_handles,
         )
 
 

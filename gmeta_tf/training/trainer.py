@@ -19,7 +19,7 @@ weights; on another world size it takes, from the checkpoint's step on, the batc
 uninterrupted run at the new size takes at those steps.
 
 With ``train.hybrid`` (the plain CTR model only) the steps run through
-``gmeta_tf.embedding.HybridTrainer``: embedding pulls run up to ``staleness`` batches ahead
+``gmeta_tf.training.hybrid.HybridTrainer``: embedding pulls run up to ``staleness`` batches ahead
 of their updates in a background thread while the dense step stays synchronous. The run is
 cut into segments at every log, evaluation and checkpoint step; each segment ends with
 every pending update applied, so reports, evaluations and checkpoints see consistent
@@ -52,7 +52,7 @@ import tensorflow as tf
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config, tuned_world_size
-from gmeta_tf.embedding.hybrid import HybridTrainer
+from gmeta_tf.training.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.training.config_check import check_against_dataset

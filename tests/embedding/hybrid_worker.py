@@ -31,7 +31,7 @@ from gmeta_tf.embedding import (
     ShardedHashEmbedding,
     TableConfig,
 )
-from gmeta_tf.embedding.hybrid import HybridTrainer
+from gmeta_tf.training.hybrid import HybridTrainer
 
 GLOBAL_BATCH = 32
 STEPS = 9
@@ -134,7 +134,7 @@ def run(name: str, batches: list[dict]) -> dict[str, np.ndarray]:
         else:
             trainer.fit(batches[:SPLIT_AT])
             for shard in emb.shards.values():
-                if hasattr(shard, "rebalance"):
+                if shard.cache is not None:
                     shard.rebalance()
             trainer.fit(batches[SPLIT_AT:])
         metrics = trainer.metrics()

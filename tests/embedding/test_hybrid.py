@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf.embedding import Adagrad, FeatureConfig, HashTable, ShardedHashEmbedding, TableConfig
-from gmeta_tf.embedding.hybrid import HybridTrainer, check_staleness
+from gmeta_tf.training.hybrid import HybridTrainer, check_staleness
 from tests.embedding.hybrid_worker import STEPS
 from tests.multiprocess import load_ranks, run_ranks
 

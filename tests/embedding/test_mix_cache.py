@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gmeta_tf import ops
+from gmeta_tf.embedding import table_ops
 from gmeta_tf.embedding import (
     SGD,
     Adagrad,
@@ -16,7 +16,6 @@ from gmeta_tf.embedding import (
     FeatureConfig,
     HashTable,
     MixCacheConfig,
-    MixCachedHashTable,
     ShardedHashEmbedding,
     TableConfig,
 )
@@ -25,7 +24,7 @@ OPTIMIZERS = {"sgd": SGD(0.1), "adagrad": Adagrad(0.1), "adam": Adam(0.01)}
 
 
 def _assert_same_export(a, b):
-    for field, x, y in zip(ops.TableSnapshot._fields, a.export(), b.export()):
+    for field, x, y in zip(table_ops.TableSnapshot._fields, a.export(), b.export()):
         np.testing.assert_array_equal(x.numpy(), y.numpy(), err_msg=field)
 
 
@@ -34,7 +33,7 @@ def test_cached_table_trains_exactly_like_the_plain_table(optimizer):
     rng = np.random.default_rng(0)
     opt = OPTIMIZERS[optimizer]
     plain = HashTable(4, optimizer=opt)
-    cached = MixCachedHashTable(4, MixCacheConfig(capacity=12, min_count=2), optimizer=opt)
+    cached = HashTable(4, cache=MixCacheConfig(capacity=12, min_count=2), optimizer=opt)
     for step in range(1, 41):
         raw = rng.zipf(1.2, 300) % 400
         ids, counts = np.unique(raw, return_counts=True)
@@ -66,7 +65,7 @@ def test_cached_table_trains_exactly_like_the_plain_table(optimizer):
 
 def test_hit_counting_admission_and_lfu_replacement():
     plain = HashTable(2, optimizer=SGD(0.5))
-    cached = MixCachedHashTable(2, MixCacheConfig(capacity=2, min_count=2), optimizer=SGD(0.5))
+    cached = HashTable(2, cache=MixCacheConfig(capacity=2, min_count=2), optimizer=SGD(0.5))
 
     def both(ids, counts, step):
         for t in (plain, cached):
@@ -89,7 +88,7 @@ def test_hit_counting_admission_and_lfu_replacement():
 
 
 def test_import_replaces_cached_rows():
-    cached = MixCachedHashTable(3, MixCacheConfig(capacity=4, min_count=1), optimizer=Adagrad(0.1))
+    cached = HashTable(3, cache=MixCacheConfig(capacity=4, min_count=1), optimizer=Adagrad(0.1))
     cached.lookup_or_insert(np.array([7, 8]), step=1, counts=np.array([3, 3]))
     assert cached.cache_stats()["size"] == 2
     other = HashTable(3, optimizer=Adagrad(0.1), seed=5)
@@ -121,7 +120,7 @@ def test_bad_cache_settings_name_the_value_and_what_is_allowed():
 
 
 class ReferenceCache:
-    """The admission rule of ops/mix_cache.h, written plainly: per id the host table's
+    """The admission rule of ops/hash_table.h (the cache), written plainly: per id the host table's
     frequency and last-seen step, the cached ids' own counters, and the hit counters."""
 
     def __init__(self, capacity, min_count, admit_after=1):
@@ -168,7 +167,7 @@ def test_admission_follows_exact_frequencies_like_the_reference(capacity, min_co
     rng = np.random.default_rng(capacity + 7 * min_count + 31 * admit_after)
     opt = Adagrad(0.1)
     plain = HashTable(3, optimizer=opt, admit_after=admit_after)
-    cached = MixCachedHashTable(3, MixCacheConfig(capacity, min_count), optimizer=opt,
+    cached = HashTable(3, cache=MixCacheConfig(capacity, min_count), optimizer=opt,
                                 admit_after=admit_after)
     ref = ReferenceCache(capacity, min_count, admit_after)
     for step in range(1, 61):
@@ -198,7 +197,7 @@ def test_admission_follows_exact_frequencies_like_the_reference(capacity, min_co
 
 
 def test_ids_that_turn_hot_enter_without_a_rebalance():
-    cached = MixCachedHashTable(2, MixCacheConfig(capacity=2, min_count=2))
+    cached = HashTable(2, cache=MixCacheConfig(capacity=2, min_count=2))
     cached.lookup_or_insert(np.array([1, 2, 3]), step=1, counts=np.array([5, 4, 1]))
     np.testing.assert_array_equal(cached.cached_ids(), [1, 2])
     # 3 comes back once per step: at frequency 5 it beats 2 (4), the coldest cached id.
@@ -223,7 +222,7 @@ def test_rebalance_caches_exactly_the_most_frequent_ids_and_changes_no_row(optim
     rng = np.random.default_rng(3)
     opt = OPTIMIZERS[optimizer]
     plain = HashTable(4, optimizer=opt, admit_after=2)
-    cached = MixCachedHashTable(4, MixCacheConfig(capacity=10, min_count=50), optimizer=opt,
+    cached = HashTable(4, cache=MixCacheConfig(capacity=10, min_count=50), optimizer=opt,
                                 admit_after=2)
     for step in range(1, 31):
         ids, counts = np.unique(rng.zipf(1.2, 200) % 300, return_counts=True)
@@ -245,29 +244,28 @@ def test_rebalance_caches_exactly_the_most_frequent_ids_and_changes_no_row(optim
             probe = np.arange(-3, 305)
             np.testing.assert_array_equal(cached.lookup(probe).numpy(), plain.lookup(probe).numpy())
     # Fewer rows than capacity: all of them are cached.
-    small = MixCachedHashTable(2, MixCacheConfig(capacity=8, min_count=100))
+    small = HashTable(2, cache=MixCacheConfig(capacity=8, min_count=100))
     small.lookup_or_insert(np.array([4, 5, 6]), step=1)
     assert small.cache_stats()["size"] == 0
     assert small.rebalance() == 3
     np.testing.assert_array_equal(small.cached_ids(), [4, 5, 6])
-    assert MixCachedHashTable(2, MixCacheConfig(capacity=8)).rebalance() == 0
+    assert HashTable(2, cache=MixCacheConfig(capacity=8)).rebalance() == 0
 
 
-def test_rebalance_refuses_a_plain_table_handle():
+def test_rebalance_refuses_a_table_without_a_cache():
     plain = HashTable(2)
-    lib = ops.library()
-    with pytest.raises(tf.errors.OpError, match=r"[Tt]ype"):
-        lib.gmeta_cached_table_rebalance(plain.handle)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"the table has no cache"):
+        table_ops.rebalance_cache(plain.handle)
+    with pytest.raises(ValueError, match=r"has no cache: rebalance needs one"):
+        plain.rebalance()
 
 
-def test_cached_ops_refuse_a_dim_the_table_does_not_have():
-    table = MixCachedHashTable(2, MixCacheConfig(capacity=8))
-    lib = ops.library()
+def test_cached_table_ops_refuse_a_dim_the_table_does_not_have():
+    table = HashTable(2, cache=MixCacheConfig(capacity=8))
     ids = tf.constant([1, 2], tf.int64)
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="the table has dim 2 but the op was built for dim 3"):
-        lib.gmeta_cached_table_lookup(table.handle, ids, dim=3)
+        table_ops.lookup(table.handle, ids, dim=3)
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="the table has dim 2 but the op was built for dim 3"):
-        lib.gmeta_cached_table_lookup_or_insert(table.handle, ids, tf.zeros([0], tf.int64),
-                                                tf.constant(1, tf.int64), dim=3)
+        table_ops.lookup_or_insert(table.handle, ids, dim=3, step=1)

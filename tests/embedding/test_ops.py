@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf import ops
+from gmeta_tf.embedding import table_ops
 from gmeta_tf.embedding import SGD, Adagrad, Adam, HashTable
 from tests.embedding.reference import ReferenceTable, initial_row, owner_of
 
@@ -49,7 +50,7 @@ def test_lookup_or_insert_inserts_once_and_counts():
 def test_read_only_lookup_returns_default_and_inserts_nothing():
     table = HashTable(dim=3, default_value=0.25)
     table.lookup_or_insert(tf.constant([1, 2], tf.int64))
-    values, found = ops.lookup(table.handle, tf.constant([2, 99, 1], tf.int64), dim=3)
+    values, found = table_ops.lookup(table.handle, tf.constant([2, 99, 1], tf.int64), dim=3)
     np.testing.assert_array_equal(found.numpy(), [True, False, True])
     np.testing.assert_array_equal(values.numpy()[1], [0.25] * 3)
     np.testing.assert_array_equal(values.numpy()[0], initial_row(2, 3))

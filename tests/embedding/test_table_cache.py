@@ -10,7 +10,6 @@ from gmeta_tf.embedding import (
     FeatureConfig,
     HashTable,
     MixCacheConfig,
-    MixCachedHashTable,
     ShardedHashEmbedding,
     TableConfig,
 )
@@ -38,8 +37,8 @@ def _train(layer, steps=4):
 
 def test_table_config_cache_puts_a_mix_cache_in_front_of_that_table():
     layer = _layer(MixCacheConfig(capacity=4, min_count=1))
-    assert isinstance(layer.shards["a"], MixCachedHashTable)
-    assert type(layer.shards["b"]) is HashTable
+    assert isinstance(layer.shards["a"], HashTable) and layer.shards["a"].cache is not None
+    assert type(layer.shards["b"]) is HashTable and layer.shards["b"].cache is None
     assert layer.cache_configs == {"a": MixCacheConfig(capacity=4, min_count=1)}
     cached = _train(layer)
     plain = _train(_layer(name="plain"))
@@ -55,7 +54,7 @@ def test_table_config_cache_puts_a_mix_cache_in_front_of_that_table():
 
 def test_caches_argument_still_works_and_both_for_one_table_is_refused():
     layer = _layer(caches={"a": MixCacheConfig(capacity=4)})
-    assert isinstance(layer.shards["a"], MixCachedHashTable)
+    assert layer.shards["a"].cache == MixCacheConfig(capacity=4)
     with pytest.raises(ValueError, match="table 'a' has a cache both in its TableConfig.cache "
                                          r"\(.*\) and in caches= \(.*\): give it once"):
         _layer(MixCacheConfig(capacity=4), caches={"a": MixCacheConfig(capacity=8)})
