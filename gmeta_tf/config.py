@@ -32,6 +32,11 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
+from gmeta_tf.config_fields import FieldError, field, range_violation, type_name
+from gmeta_tf.data.split import SplitConfig, source_split
+from gmeta_tf.embedding.config import MixCacheConfig, TableConfig
+from gmeta_tf.meta.meta_config import MetaConfig
+
 #: Where the embedded default pipeline lives (shipped with the project).
 PIPELINES_DIR = Path(__file__).resolve().parents[1] / "pipelines"
 DEFAULT_PIPELINE = "default"
@@ -50,23 +55,8 @@ class ConfigError(ValueError):
 class SyntheticConfig:
     """Size of the generated dataset (``data.source: synthetic``)."""
 
-    tasks: int = dataclasses.field(default=8000, metadata={"min": 10})
-    rows_per_task: int = dataclasses.field(default=24, metadata={"min": 4})
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitSection:
-    """The cold-start split of a converted dataset (fields of ``gmeta_tf.data.SplitConfig``);
-    None keeps the converter's default."""
-
-    warm_fraction: float | None = dataclasses.field(default=None, metadata={"min": 0.0,
-                                                                             "max": 1.0})
-    valid_fraction: float | None = dataclasses.field(default=None, metadata={"min": 0.0,
-                                                                              "max": 0.9})
-    query_size: int | None = dataclasses.field(default=None, metadata={"min": 0})
-    min_rows: int | None = dataclasses.field(default=None, metadata={"min": 1})
-    max_rows: int | None = dataclasses.field(default=None, metadata={"min": 2})
-    query_selection: Literal["random", "last"] | None = None
+    tasks: int = field(8000, min=10)
+    rows_per_task: int = field(24, min=4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +73,11 @@ class DataConfig:
     ``bad_rows`` is the converter's policy (``error`` or ``skip``). Relative paths are
     relative to the working directory (the project root for ``make demo``).
 
+    ``split`` is the cold-start protocol (``gmeta_tf.data.SplitConfig``, which defines the
+    keys): the keys given replace the source's own protocol (``SOURCE_SPLITS``), and its
+    ``seed`` is ``seed`` unless given; absent, the source's protocol (``dataset``: whatever
+    the dataset was split with). ``seed`` also seeds generated data.
+
     ``task_column`` (``criteo``): the categorical column whose value is the task; null
     makes every row its own task (row data for a plain CTR model).
 
@@ -97,36 +92,25 @@ class DataConfig:
     mapping: Any = None
     bad_rows: Literal["error", "skip"] = "error"
     synthetic: SyntheticConfig = SyntheticConfig()
-    split: SplitSection = SplitSection()
+    split: SplitConfig | None = None
     seed: int = 0
     task_column: str | None = "C2"
-    rows_per_block: int | None = dataclasses.field(default=None, metadata={"min": 1})
-    tasks_per_batch: int = dataclasses.field(default=32, metadata={"min": 1})
-    support: int | None = dataclasses.field(default=20, metadata={"min": 1})
-    query: int | None = dataclasses.field(default=5, metadata={"min": 1})
-    batch_size: int = dataclasses.field(default=256, metadata={"min": 1})
+    rows_per_block: int | None = field(None, min=1)
+    tasks_per_batch: int = field(32, min=1)
+    support: int | None = field(20, min=1)
+    query: int | None = field(5, min=1)
+    batch_size: int = field(256, min=1)
     reader: Literal["auto", "arrow", "tfio_iotensor", "tfio_dataset"] = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
-class CacheSection:
-    """A MixCache of hot rows in front of each rank's shard of a table
-    (``gmeta_tf.embedding.MixCacheConfig``, which defines the fields): ``capacity`` rows per
-    shard; ``min_count``, the occurrences (counted over the run by the host table) an id
-    needs before it may enter, after which it enters at lookup time when a slot is free or
-    it is more frequent than the least frequent cached id; every ``rebalance_every``
-    training steps the cache is also re-filled with the shard's most frequent ids in one
-    pass (0: never, lookups keep it filled). A cache changes speed only, never the trained
-    rows."""
-
-    capacity: int = dataclasses.field(metadata={"min": 1, "max": (1 << 31) - 1})
-    min_count: int = dataclasses.field(default=2, metadata={"min": 1})
-    rebalance_every: int = dataclasses.field(default=0, metadata={"min": 0})
-
-
-@dataclasses.dataclass(frozen=True)
-class TableSection:
-    """One hash table, the features looked up in it, and optionally its MixCache.
+class TableSection(TableConfig):
+    """One hash table of the model: a ``gmeta_tf.embedding.TableConfig`` (which defines its
+    keys: ``optimizer``, ``learning_rate``, ``admit_after``, ``init_scale``, ``cache`` (a
+    ``MixCacheConfig``: a cache of hot rows in front of each rank's shard, which changes
+    speed only, never the trained rows), ...) and the features looked up in it. The
+    table's name is its key in ``model.tables``, its ``dim`` the model's
+    (``ModelConfig.table_dim``) and its ``seed`` ``model.seed``.
 
     Features sharing a table get per-feature id salts (``gmeta_tf.embedding.id_salt``):
     equal ids of two features are different rows. ``shared_ids: true`` says the table's
@@ -135,11 +119,9 @@ class TableSection:
 
     features: tuple[str, ...] = ()
     shared_ids: bool = False
-    optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
-    learning_rate: float = dataclasses.field(default=0.05, metadata={"min_exclusive": 0.0})
-    admit_after: int = dataclasses.field(default=1, metadata={"min": 1})
-    init_scale: float = dataclasses.field(default=0.05, metadata={"min": 0.0})
-    cache: CacheSection | None = None
+
+    #: Keys the pipeline fills in (a YAML table does not give them).
+    DERIVED: typing.ClassVar[tuple[str, ...]] = ("name", "dim", "seed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,38 +147,33 @@ class ModelConfig:
     """
 
     tower: Literal["dlrm", "melu"] = "dlrm"
-    embedding_dim: int = dataclasses.field(default=8, metadata={"min": 1})
+    embedding_dim: int = field(8, min=1)
     tables: Mapping[str, TableSection] = dataclasses.field(default_factory=dict)
     sparse_features: tuple[str, ...] = ()
     dense_features: Mapping[str, int] = dataclasses.field(default_factory=dict)
     item_features: tuple[str, ...] = ()
     user_features: tuple[str, ...] = ()
     hidden_units: tuple[int, ...] = (64, 64)
-    context_dim: int = dataclasses.field(default=0, metadata={"min": 0})
+    context_dim: int = field(0, min=0)
     bottom_units: tuple[int, ...] = (64,)
     top_units: tuple[int, ...] = (64, 32)
     linear: bool = True
     head: HeadSection = HeadSection()
     seed: int = 0
 
+    @property
+    def table_dim(self) -> int:
+        """Columns of every table row: the embedding, plus DLRM's linear weight."""
+        return self.embedding_dim + (1 if self.tower == "dlrm" and self.linear else 0)
+
 
 @dataclasses.dataclass(frozen=True)
-class MetaSection:
-    """The meta-learning loops (``gmeta_tf.meta.MetaConfig``, which defines the fields);
-    ``enabled: false`` trains a plain CTR model on the same rows instead. MAML++:
-    ``inner_lr_per_step`` (with ``learn_inner_lr``) and ``multi_step_loss`` (outer steps of
-    annealing)."""
+class MetaSection(MetaConfig):
+    """The meta-learning loops: a ``gmeta_tf.meta.MetaConfig`` (which defines the keys;
+    MAML++: ``inner_lr_per_step`` with ``learn_inner_lr``, and ``multi_step_loss``), and
+    ``enabled: false`` to train a plain CTR model on the same rows instead."""
 
     enabled: bool = True
-    algorithm: Literal["maml", "fomaml", "reptile"] = "maml"
-    inner_steps: int = dataclasses.field(default=1, metadata={"min": 1})
-    inner_lr: float = dataclasses.field(default=0.01, metadata={"min_exclusive": 0.0})
-    learn_inner_lr: bool = False
-    fast_weights: tuple[str, ...] = ()
-    adapt_embeddings: tuple[str, ...] = ()
-    inner_lr_per_element: bool = False
-    inner_lr_per_step: bool = False
-    multi_step_loss: int = dataclasses.field(default=0, metadata={"min": 0})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +183,7 @@ class HybridSection:
     dense tower trains synchronously; 0 is synchronous training through the same two
     phases (its result equals the plain path's)."""
 
-    staleness: int = dataclasses.field(default=0, metadata={"min": 0})
+    staleness: int = field(0, min=0)
 
 
 SELECT_METRICS = ("auto", "auc", "ndcg", "logloss", "mae")
@@ -232,22 +209,21 @@ class TrainConfig:
     counts from the end of pre-training.
     """
 
-    steps: int = dataclasses.field(default=1000, metadata={"min": 1})
+    steps: int = field(1000, min=1)
     optimizer: Literal["adam", "adagrad", "sgd"] = "adam"
-    learning_rate: float = dataclasses.field(default=0.003, metadata={"min_exclusive": 0.0})
-    baseline_learning_rate: float | None = dataclasses.field(default=None,
-                                                             metadata={"min_exclusive": 0.0})
+    learning_rate: float = field(0.003, min_exclusive=0.0)
+    baseline_learning_rate: float | None = field(None, min_exclusive=0.0)
     shuffle_seed: int = 0
-    log_every: int = dataclasses.field(default=50, metadata={"min": 1})
-    eval_every: int = dataclasses.field(default=0, metadata={"min": 0})
-    eval_batches: int | None = dataclasses.field(default=None, metadata={"min": 1})
+    log_every: int = field(50, min=1)
+    eval_every: int = field(0, min=0)
+    eval_batches: int | None = field(None, min=1)
     validation_split: str = "valid"
     select_metric: Literal["auto", "auc", "ndcg", "logloss", "mae"] = "auto"
-    patience: int = dataclasses.field(default=0, metadata={"min": 0})
+    patience: int = field(0, min=0)
     resplit: bool = True
-    pretrain_steps: int = dataclasses.field(default=0, metadata={"min": 0})
-    checkpoint_every: int = dataclasses.field(default=0, metadata={"min": 0})
-    keep_checkpoints: int = dataclasses.field(default=3, metadata={"min": 1})
+    pretrain_steps: int = field(0, min=0)
+    checkpoint_every: int = field(0, min=0)
+    keep_checkpoints: int = field(3, min=1)
     baseline: bool = True
     hybrid: HybridSection | None = None
 
@@ -268,11 +244,11 @@ class EvalConfig:
 
     split: str | None = "cold"
     data: tuple[str, ...] = ()
-    tasks_per_batch: int = dataclasses.field(default=64, metadata={"min": 1})
-    adapt_steps: int | None = dataclasses.field(default=None, metadata={"min": 0})
-    baseline_steps: int | None = dataclasses.field(default=None, metadata={"min": 0})
-    baseline_lr: float = dataclasses.field(default=0.1, metadata={"min_exclusive": 0.0})
-    ndcg_k: int = dataclasses.field(default=3, metadata={"min": 1})
+    tasks_per_batch: int = field(64, min=1)
+    adapt_steps: int | None = field(None, min=0)
+    baseline_steps: int | None = field(None, min=0)
+    baseline_lr: float = field(0.1, min_exclusive=0.0)
+    ndcg_k: int = field(3, min=1)
     binary_label: str | None = None
     relevance_label: str | None = None
     reference_feature: str | None = None
@@ -308,8 +284,16 @@ class PipelineConfig:
         return os.path.join(self.run_dir, "tensorboard")
 
     def to_dict(self) -> dict:
-        """Plain dict (tuples as lists), what ``dump_config`` writes."""
-        return _plain(dataclasses.asdict(self))
+        """Plain dict (tuples as lists), what ``dump_config`` writes and ``from_dict``
+        reads back to an equal config."""
+        out = _plain(dataclasses.asdict(self))
+        for name, table in self.model.tables.items():
+            spec = out["model"]["tables"][name]
+            for key in TableSection.DERIVED:
+                del spec[key]
+            spec["optimizer"] = {"name": table.optimizer.name,
+                                 **_plain(dataclasses.asdict(table.optimizer))}
+        return out
 
 
 # ---- loading ----------------------------------------------------------------------------
@@ -458,18 +442,21 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _build(cls: type, raw: Any, prefix: str):
-    """A dataclass from a mapping, every field checked; ``prefix`` is its key path."""
+def _build(cls: type, raw: Any, prefix: str, derived: Mapping[str, Any] | None = None):
+    """A dataclass from a mapping, every field checked; ``prefix`` is its key path.
+    ``derived``: values of fields the pipeline fills in (the mapping may not give them)."""
+    derived = derived or {}
     if raw is None:
         raw = {}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in derived}
     if not isinstance(raw, Mapping):
-        raise _fail(prefix or "<top>", raw, f"a mapping with keys "
-                    f"{[f.name for f in dataclasses.fields(cls)]}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+        raise _fail(prefix or "<top>", raw, f"a mapping with keys {list(fields)}")
     unknown = [k for k in raw if k not in fields]
     if unknown:
         key = _join(prefix, str(unknown[0]))
-        raise ConfigError(f"config key '{key}' is not allowed: unknown key; "
+        why = (f"'{prefix}' gets it from the pipeline" if unknown[0] in derived
+               else "unknown key")
+        raise ConfigError(f"config key '{key}' is not allowed: {why}; "
                           f"'{prefix or '<top>'}' allows {sorted(fields)}")
     hints = typing.get_type_hints(cls)
     for name, field in fields.items():
@@ -477,12 +464,68 @@ def _build(cls: type, raw: Any, prefix: str):
                 and field.default_factory is dataclasses.MISSING):
             raise ConfigError(f"config key '{_join(prefix, name)}' is missing: expected "
                               f"{_describe(hints[name], field.metadata)}")
-    values = {}
+    values = dict(derived)
     for name, value in raw.items():
         key = _join(prefix, name)
         values[name] = _convert(hints[name], value, key)
-        _check_range(fields[name].metadata, values[name], key)
-    return cls(**values)
+        expected = range_violation(fields[name].metadata, values[name])
+        if expected is not None:
+            raise _fail(key, values[name], expected)
+    try:
+        return cls(**values)
+    except FieldError as err:  # the type's own check: name the key
+        raise _fail(_join(prefix, err.name), err.value, err.expected) from err
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"config section '{prefix or '<top>'}' is not allowed: {err}") from err
+
+
+def _build_data(cls: type, raw: Any, prefix: str) -> "DataConfig":
+    """``data``: its ``split`` keys replace the source's protocol; the split's seed is
+    ``data.seed`` unless given."""
+    if not isinstance(raw, Mapping) or raw.get("split") is None:
+        data = _build(DataConfig, raw, prefix)
+        if data.source == "dataset":  # whatever the dataset was split with
+            return data
+        return dataclasses.replace(data, split=dataclasses.replace(
+            source_split(data.source), seed=data.seed))
+    raw = dict(raw)
+    given = raw.pop("split")
+    data = _build(DataConfig, raw, prefix)
+    key = _join(prefix, "split")
+    if not isinstance(given, Mapping):
+        raise _fail(key, given, f"a mapping with keys "
+                    f"{[f.name for f in dataclasses.fields(SplitConfig)]}")
+    base = dataclasses.asdict(dataclasses.replace(source_split(data.source), seed=data.seed))
+    unknown = [k for k in given if k not in base]
+    if unknown:
+        raise ConfigError(f"config key '{_join(key, str(unknown[0]))}' is not allowed: "
+                          f"unknown key; '{key}' allows {sorted(base)}")
+    return dataclasses.replace(data, split=_build(SplitConfig, {**base, **given}, key))
+
+
+def _build_model(cls: type, raw: Any, prefix: str) -> "ModelConfig":
+    """``model``: each table is a ``TableSection`` named by its key, of the model's
+    ``table_dim``, seeded by ``model.seed``."""
+    if not isinstance(raw, Mapping):
+        return _build(ModelConfig, raw, prefix)
+    raw = dict(raw)
+    tables = raw.pop("tables", None)
+    model = _build(ModelConfig, raw, prefix)
+    key = _join(prefix, "tables")
+    if tables is None:
+        return model
+    if not isinstance(tables, Mapping):
+        raise _fail(key, tables, "a mapping of name -> TableSection")
+    built = {}
+    for name, spec in tables.items():
+        name = str(name)
+        built[name] = _build(TableSection, spec, _join(key, name),
+                             derived={"name": name, "dim": model.table_dim,
+                                      "seed": model.seed})
+    return dataclasses.replace(model, tables=built)
+
+
+_BUILDERS = {"DataConfig": _build_data, "ModelConfig": _build_model}  # by name: defined below
 
 
 def _convert(hint: Any, value: Any, key: str):
@@ -500,14 +543,14 @@ def _convert(hint: Any, value: Any, key: str):
             raise _fail(key, value, f"one of {list(args)}")
         return value
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key)
+        return _BUILDERS.get(hint.__name__, _build)(hint, value, key)
     if origin is tuple:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise _fail(key, value, f"a list of {_type_name(args[0])}")
+            raise _fail(key, value, f"a list of {type_name(args[0])}")
         return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
     if origin in (dict, collections.abc.Mapping):
         if not isinstance(value, Mapping):
-            raise _fail(key, value, f"a mapping of name -> {_type_name(args[1])}")
+            raise _fail(key, value, f"a mapping of name -> {type_name(args[1])}")
         return {str(k): _convert(args[1], v, _join(key, str(k))) for k, v in value.items()}
     return _scalar(hint, value, key)
 
@@ -542,28 +585,7 @@ def _describe(hint: Any, metadata: Mapping[str, Any]) -> str:
         low = f" >= {metadata['min']}" if "min" in metadata else ""
         return f"an integer{low}"
     return {float: "a number", str: "a non-empty string", bool: "true or false"}.get(
-        hint, _type_name(hint))
-
-
-def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) is Literal:
-        return f"one of {list(typing.get_args(hint))}"
-    return {int: "integers", float: "numbers", str: "strings", bool: "booleans"}.get(
-        hint, getattr(hint, "__name__", str(hint)))
-
-
-def _check_range(metadata: Mapping[str, Any], value: Any, key: str) -> None:
-    if value is None or not metadata:
-        return
-    for item in value if isinstance(value, tuple) else (value,):
-        if "min" in metadata and item < metadata["min"]:
-            kind = "an integer" if isinstance(item, int) else "a number"
-            raise _fail(key, value, f"{kind} >= {metadata['min']}")
-        if "max" in metadata and item > metadata["max"]:
-            kind = "an integer" if isinstance(item, int) else "a number"
-            raise _fail(key, value, f"{kind} <= {metadata['max']}")
-        if "min_exclusive" in metadata and item <= metadata["min_exclusive"]:
-            raise _fail(key, value, f"a number > {metadata['min_exclusive']}")
+        hint, type_name(hint))
 
 
 def check_consistency(config: PipelineConfig) -> None:
@@ -605,10 +627,6 @@ def check_consistency(config: PipelineConfig) -> None:
         if f not in tower_sparse:
             raise _fail("meta.adapt_embeddings", list(config.meta.adapt_embeddings),
                         f"sparse features of the tower ({list(tower_sparse)})")
-    if config.meta.multi_step_loss and config.meta.algorithm == "reptile":
-        raise _fail("meta.multi_step_loss", config.meta.multi_step_loss,
-                    "0 with meta.algorithm 'reptile' (its dense update does not differentiate "
-                    "the query loss; the multi-step loss is for maml and fomaml)")
     if config.train.pretrain_steps and not config.meta.enabled:
         raise _fail("train.pretrain_steps", config.train.pretrain_steps,
                     "0 while meta.enabled is false (pre-training is the meta model's first "

@@ -41,11 +41,11 @@ from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.readers import ReaderCrashed, reader_names
 from gmeta_tf.data.schema import PAD_ID, Feature, FeatureKind, Schema
-from gmeta_tf.data.split import SplitConfig
+from gmeta_tf.data.split import SOURCE_SPLITS, SplitConfig, source_split
 from gmeta_tf.data.task_dataset import TaskDataset, read_rows, read_tasks
 
 __all__ = [
     "PAD_ID", "CsvMapping", "DataError", "Feature", "FeatureKind", "Manifest", "OutputConfig",
-    "ReaderCrashed", "Schema", "SplitConfig", "TaskDataset", "convert_criteo", "convert_csv",
+    "ReaderCrashed", "Schema", "SOURCE_SPLITS", "SplitConfig", "source_split", "TaskDataset", "convert_criteo", "convert_csv",
     "convert_movielens", "read_rows", "read_tasks", "reader_names",
 ]

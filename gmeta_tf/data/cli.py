@@ -24,10 +24,11 @@ import sys
 from gmeta_tf.data.converters import (CsvMapping, OutputConfig, convert_criteo, convert_csv,
                                       convert_movielens)
 from gmeta_tf.data.converters.pipeline import DEFAULT_MIN_BLOCKS, MAX_AUTO_ROWS_PER_BLOCK
+from gmeta_tf.config_fields import FieldError
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.file_check import check_data_file
 from gmeta_tf.data.manifest import Manifest
-from gmeta_tf.data.split import SplitConfig
+from gmeta_tf.data.split import SplitConfig, source_split
 
 
 def _csv_list(text: str) -> list[str]:
@@ -174,20 +175,20 @@ def _mapping(args: argparse.Namespace) -> CsvMapping:
 
 def _run(args: argparse.Namespace) -> Manifest:
     if args.command == "movielens":
-        return convert_movielens(args.src_dir, args.out_dir, split=_split(args, SplitConfig()),
+        return convert_movielens(args.src_dir, args.out_dir, split=_split(args, source_split("movielens")),
                                  output=_output(args))
     if args.command == "criteo":
         return convert_criteo(args.src, args.out_dir, int_mode=args.int_mode,
                               task_column=args.task_column,
-                              split=_split(args, SplitConfig(query_size=4, min_rows=8)),
+                              split=_split(args, source_split("criteo")),
                               output=_output(args))
     if args.command == "csv":
-        return convert_csv(args.src, args.out_dir, _mapping(args), split=_split(args, SplitConfig()),
+        return convert_csv(args.src, args.out_dir, _mapping(args), split=_split(args, source_split("csv")),
                            output=_output(args))
     from gmeta_tf.data import synthetic
 
     return synthetic.generate(args.out_dir, args.tasks, args.rows_per_task, args.seed,
-                              split=_split(args, synthetic.DEFAULT_SPLIT), output=_output(args))
+                              split=_split(args, source_split("synthetic")), output=_output(args))
 
 
 def _info(args: argparse.Namespace) -> Manifest:
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         manifest = _info(args) if args.command == "info" else _run(args)
-    except DataError as e:
+    except (DataError, FieldError) as e:
         print(f"gmeta-data: error: {e}", file=sys.stderr)
         return 2
     out = summary(manifest)

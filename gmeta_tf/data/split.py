@@ -13,15 +13,17 @@ was chunked or bucketed, and the same seed always reproduces it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
-from gmeta_tf.data.errors import DataError
+from gmeta_tf import config_fields
+from gmeta_tf.config_fields import FieldError
 from gmeta_tf.data.schema import QUERY_COLUMN, TASK_COLUMN
 
 ORDER_COLUMN = "__order"  # optional input column: rows of a task are ordered by it ("last")
+QuerySelection = Literal["random", "last"]
 QUERY_SELECTIONS = ("random", "last")
 
 
@@ -42,27 +44,36 @@ class SplitConfig:
     """
 
     seed: int = 0
-    warm_fraction: float = 0.8
-    valid_fraction: float = 0.1
-    query_size: int = 10
-    min_rows: int = 13
-    max_rows: int | None = None
-    query_selection: str = "random"
+    warm_fraction: float = config_fields.field(0.8, min=0.0, max=1.0)
+    valid_fraction: float = config_fields.field(0.1, min=0.0, max=0.9)
+    query_size: int = config_fields.field(10, min=0)
+    min_rows: int = config_fields.field(13, min=1)
+    max_rows: int | None = config_fields.field(None, min=2)
+    query_selection: QuerySelection = "random"
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.warm_fraction <= 1.0:
-            raise DataError("warm_fraction out of range", value=self.warm_fraction,
-                            expected="0 <= warm_fraction <= 1")
-        if not 0.0 <= self.valid_fraction < 1.0:
-            raise DataError("valid_fraction out of range", value=self.valid_fraction,
-                            expected="0 <= valid_fraction < 1")
-        if self.query_size < 0 or self.min_rows < self.query_size + 1:
-            raise DataError("min_rows must leave at least one support row",
-                            value=(self.min_rows, self.query_size),
-                            expected="query_size >= 0 and min_rows >= query_size + 1")
-        if self.query_selection not in QUERY_SELECTIONS:
-            raise DataError("unknown query_selection", value=self.query_selection,
-                            expected=f"one of {QUERY_SELECTIONS}")
+        config_fields.check(self)
+        if self.min_rows < self.query_size + 1:
+            raise FieldError("SplitConfig", "min_rows", self.min_rows,
+                             f"at least query_size + 1 = {self.query_size + 1} (every task "
+                             f"keeps a support row)")
+
+
+#: The protocol of each source when a config leaves it out: MovieLens's (MeLU: 10 query
+#: ratings of users with 13 or more) for ratings and CSV; fewer rows for Criteo's tasks
+#: and for generated ones.
+SOURCE_SPLITS = {
+    "movielens": SplitConfig(),
+    "csv": SplitConfig(),
+    "criteo": SplitConfig(query_size=4, min_rows=8),
+    "synthetic": SplitConfig(query_size=5, min_rows=8),
+}
+
+
+def source_split(source: str) -> SplitConfig:
+    """The split a source's data gets when the config leaves it out (``SOURCE_SPLITS``;
+    a dataset converted beforehand: MovieLens's)."""
+    return SOURCE_SPLITS.get(source, SOURCE_SPLITS["movielens"])
 
 
 def mix64(x: np.ndarray) -> np.ndarray:

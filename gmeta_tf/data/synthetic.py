@@ -33,7 +33,7 @@ from gmeta_tf.data.converters.csv_mapping import CsvMapping
 from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.schema import PAD_ID, TASK_COLUMN, Feature, FeatureKind, Schema
-from gmeta_tf.data.split import SplitConfig
+from gmeta_tf.data.split import SplitConfig, source_split
 
 LATENT_DIM = 4
 GENRE_WIDTH = 3
@@ -51,7 +51,7 @@ CSV_MAPPING = CsvMapping(task="user_id", label="label", label_range=(0.0, 1.0),
                          sparse=["user_id", "item_id", "category", "age"],
                          multi_hot={"genres": GENRE_WIDTH}, dense=["price"])
 
-DEFAULT_SPLIT = SplitConfig(query_size=5, min_rows=8)
+DEFAULT_SPLIT = source_split("synthetic")
 
 
 @dataclasses.dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from gmeta_tf import config_fields
+from gmeta_tf.config_fields import FieldError
 from gmeta_tf.embedding import sparse_optimizers
 
 COMBINERS = (None, "sum", "mean")
@@ -30,23 +32,20 @@ class MixCacheConfig:
         MixCacheConfig(capacity=20_000, min_count=1)
     """
 
-    capacity: int
-    min_count: int = 2
-    rebalance_every: int = 0
+    capacity: int = config_fields.field(min=1, max=2**31 - 1)
+    min_count: int = config_fields.field(2, min=1)
+    rebalance_every: int = config_fields.field(0, min=0)
 
     def __post_init__(self):
-        for name, low in (("capacity", 1), ("min_count", 1), ("rebalance_every", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"MixCacheConfig.{name} must be an integer >= {low}, "
-                                 f"got {value!r}")
-        if self.capacity >= 2**31:
-            raise ValueError(f"MixCacheConfig.capacity must be below 2**31, got {self.capacity}")
+        config_fields.check(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class TableConfig:
     """One hash table: its dim, fused sparse optimizer, row policy and optional MixCache.
+
+    ``optimizer`` is a name ("sgd", "adagrad", "adam"), a mapping ``{name: ..., **params}``
+    or a ``SparseOptimizer``; ``learning_rate`` (when not None) replaces its learning rate.
 
     ``cache`` (a :class:`MixCacheConfig`, or None) puts a MixCache of hot rows inside each
     rank's shard of the table (see :class:`~gmeta_tf.embedding.HashTable`).
@@ -58,26 +57,34 @@ class TableConfig:
     """
 
     name: str
-    dim: int
+    dim: int = config_fields.field(min=1)
     optimizer: Any = "adagrad"
+    learning_rate: float | None = config_fields.field(None, min_exclusive=0.0)
     initializer: str = "uniform"
-    init_scale: float = 0.05
-    admit_after: int = 1
+    init_scale: float = config_fields.field(0.05, min=0.0)
+    admit_after: int = config_fields.field(1, min=1)
     default_value: float = 0.0
     seed: int = 0
     cache: MixCacheConfig | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"TableConfig.name must be a non-empty string, got {self.name!r}")
-        if not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim < 1:
-            raise ValueError(f"TableConfig '{self.name}': dim must be a positive integer, "
-                             f"got {self.dim!r}")
-        object.__setattr__(self, "optimizer", sparse_optimizers.get(self.optimizer))
-        if self.cache is not None:
-            if not isinstance(self.cache, MixCacheConfig):
-                raise TypeError(f"TableConfig '{self.name}': cache must be a MixCacheConfig or "
-                                f"None, got {self.cache!r}")
+            raise FieldError("TableConfig", "name", self.name, "a non-empty string")
+        owner = f"TableConfig {self.name!r}"
+        config_fields.check(self, owner)
+        try:
+            optimizer = sparse_optimizers.get(self.optimizer)
+            if self.learning_rate is not None:
+                optimizer = dataclasses.replace(optimizer, learning_rate=self.learning_rate)
+        except (ValueError, TypeError) as err:
+            raise FieldError(owner, "optimizer", self.optimizer,
+                             f"one of {list(sparse_optimizers.NAMES)}, a mapping "
+                             f"{{name: ..., learning_rate: ...}} or a SparseOptimizer "
+                             f"({err})") from err
+        object.__setattr__(self, "optimizer", optimizer)
+        if self.cache is not None and not isinstance(self.cache, MixCacheConfig):
+            raise TypeError(f"TableConfig '{self.name}': cache must be a MixCacheConfig or "
+                            f"None, got {self.cache!r}")
 
     def table_kwargs(self) -> dict:
         return dict(optimizer=self.optimizer, seed=self.seed, initializer=self.initializer,

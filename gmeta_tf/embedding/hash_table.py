@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf.embedding import sparse_optimizers, table_ops
-from gmeta_tf.embedding.config import MixCacheConfig
+from gmeta_tf.embedding.config import MixCacheConfig, TableConfig
 
 _names = itertools.count()
 
@@ -77,11 +77,11 @@ class HashTable(tf.Module):
         self,
         dim: int,
         optimizer=None,
-        seed: int = 0,
-        initializer: str = "uniform",
-        init_scale: float = 0.05,
-        admit_after: int = 1,
-        default_value: float = 0.0,
+        seed: int = TableConfig.seed,
+        initializer: str = TableConfig.initializer,
+        init_scale: float = TableConfig.init_scale,
+        admit_after: int = TableConfig.admit_after,
+        default_value: float = TableConfig.default_value,
         cache: MixCacheConfig | None = None,
         name: str | None = None,
     ):
@@ -106,7 +106,7 @@ class HashTable(tf.Module):
                 num_slots=self.optimizer.num_slots,
                 slot_init=self.optimizer.slot_init,
                 cache_capacity=cache.capacity if cache else 0,
-                cache_min_count=cache.min_count if cache else 2,
+                cache_min_count=cache.min_count if cache else 1,  # no cache: not read
                 **self.config,
             )
 

@@ -454,6 +454,9 @@ class ShardedHashEmbedding(tf.keras.layers.Layer):
         return config
 
 
+_LAYER_KEYS = ("name", "trainable", "dtype")
+
+
 class HashEmbedding(ShardedHashEmbedding):
     """ShardedHashEmbedding with one table and one feature, called on the id tensor itself.
 
@@ -479,15 +482,13 @@ class HashEmbedding(ShardedHashEmbedding):
 
     FEATURE = "ids"
 
-    def __init__(self, dim: int, optimizer=None, combiner: str | None = None, seed: int = 0,
-                 initializer: str = "uniform", init_scale: float = 0.05, admit_after: int = 1,
-                 default_value: float = 0.0, cache: MixCacheConfig | None = None, **kwargs):
-        table = TableConfig(self.FEATURE, dim, optimizer=optimizer or "adagrad",
-                            initializer=initializer, init_scale=init_scale,
-                            admit_after=admit_after, default_value=default_value, seed=seed,
-                            cache=cache)
+    def __init__(self, dim: int, combiner: str | None = None, **kwargs):
+        layer_kwargs = {k: kwargs.pop(k) for k in _LAYER_KEYS if k in kwargs}
+        # the table's options (optimizer, seed, initializer, ...) and their defaults are
+        # TableConfig's
+        table = TableConfig(self.FEATURE, dim, **kwargs)
         super().__init__([table], [FeatureConfig(self.FEATURE, self.FEATURE, combiner=combiner)],
-                         **kwargs)
+                         **layer_kwargs)
         self.dim = dim
         self.table = self.shards[self.FEATURE]
 

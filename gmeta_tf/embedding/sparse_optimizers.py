@@ -91,6 +91,8 @@ class Adam(SparseOptimizer):
 
 
 _BY_NAME = {cls.name: cls for cls in (SGD, Adagrad, Adam)}
+#: The optimizers' names, as configs give them.
+NAMES = tuple(_BY_NAME)
 
 
 def get(spec) -> SparseOptimizer:

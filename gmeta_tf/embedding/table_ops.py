@@ -27,17 +27,19 @@ def _check_positive(name: str, value: int) -> None:
 def create_table(
     shared_name: str,
     dim: int,
-    num_slots: int = 0,
-    slot_init: float = 0.0,
-    seed: int = 0,
-    initializer: str = "uniform",
-    init_scale: float = 0.05,
-    admit_after: int = 1,
-    default_value: float = 0.0,
-    cache_capacity: int = 0,
-    cache_min_count: int = 2,
+    *,
+    num_slots: int,
+    slot_init: float,
+    seed: int,
+    initializer: str,
+    init_scale: float,
+    admit_after: int,
+    default_value: float,
+    cache_capacity: int,
+    cache_min_count: int,
 ) -> tf.Tensor:
     """Creates (or finds, by shared_name) a hash table; returns its resource handle.
+    (``HashTable`` is the way to make one; the options' defaults are ``TableConfig``'s.)
 
     ``cache_capacity`` > 0 gives it a cache of that many hot rows (admission by exact
     frequency, from ``cache_min_count`` occurrences on).

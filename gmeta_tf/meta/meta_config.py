@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
-ALGORITHMS = ("maml", "fomaml", "reptile")
+from gmeta_tf import config_fields
+from gmeta_tf.config_fields import FieldError
+
+Algorithm = Literal["maml", "fomaml", "reptile"]
+ALGORITHMS = typing.get_args(Algorithm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,30 +46,25 @@ class MetaConfig:
             that, the plain query loss after step k. 0: off. MAML and first-order MAML.
     """
 
-    algorithm: str = "maml"
-    inner_steps: int = 1
-    inner_lr: float = 0.01
+    algorithm: Algorithm = "maml"
+    inner_steps: int = config_fields.field(1, min=1)
+    inner_lr: float = config_fields.field(0.01, min_exclusive=0.0)
     learn_inner_lr: bool = False
     fast_weights: tuple[str, ...] = ()
     adapt_embeddings: tuple[str, ...] = ()
     inner_lr_per_element: bool = False
     inner_lr_per_step: bool = False
-    multi_step_loss: int = 0
+    multi_step_loss: int = config_fields.field(0, min=0)
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"MetaConfig.algorithm={self.algorithm!r}, expected one of "
-                             f"{ALGORITHMS}")
-        _require_int("inner_steps", self.inner_steps, 1)
-        _require_int("multi_step_loss", self.multi_step_loss, 0,
-                     " (outer steps of annealing; 0: off)")
+        object.__setattr__(self, "fast_weights", _names(self.fast_weights))
+        object.__setattr__(self, "adapt_embeddings", _names(self.adapt_embeddings))
+        config_fields.check(self)
         if self.multi_step_loss and self.algorithm == "reptile":
-            raise ValueError("MetaConfig.multi_step_loss is for maml and fomaml: Reptile's "
-                             "dense update does not differentiate the query loss")
-        if not self.inner_lr > 0:
-            raise ValueError(f"MetaConfig.inner_lr={self.inner_lr!r}, expected a number > 0")
-        object.__setattr__(self, "fast_weights", tuple(self.fast_weights))
-        object.__setattr__(self, "adapt_embeddings", tuple(self.adapt_embeddings))
+            raise FieldError(type(self).__name__, "multi_step_loss", self.multi_step_loss,
+                             "0 with algorithm 'reptile' (its dense update does not "
+                             "differentiate the query loss; the multi-step loss is for maml "
+                             "and fomaml)")
 
     @property
     def first_order(self) -> bool:
@@ -71,7 +72,6 @@ class MetaConfig:
         return self.algorithm != "maml"
 
 
-def _require_int(name: str, value, low: int, note: str = "") -> None:
-    """ValueError naming the field and value unless it is an int (not a bool) >= low."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"MetaConfig.{name}={value!r}, expected an int >= {low}{note}")
+def _names(value):
+    """A list of names as a tuple (a lone string stays as it is, for check to refuse)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value

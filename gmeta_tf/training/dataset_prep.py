@@ -31,32 +31,10 @@ def dataset_exists(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MANIFEST_NAME))
 
 
-def _default_split(source: str) -> meta_io.SplitConfig:
-    if source == "synthetic":
-        return synthetic.DEFAULT_SPLIT
-    if source == "criteo":
-        return meta_io.SplitConfig(query_size=4, min_rows=8)
-    return meta_io.SplitConfig()
-
-
 def _split(config: PipelineConfig) -> meta_io.SplitConfig:
-    given = {k: v for k, v in dataclasses.asdict(config.data.split).items() if v is not None}
-    try:
-        return dataclasses.replace(_default_split(config.data.source), seed=config.data.seed,
-                                   **given)
-    except DataError as err:
-        raise ConfigError(f"config section 'data.split' is not allowed: {err}") from err
-
-
-def csv_mapping(config: PipelineConfig) -> meta_io.CsvMapping:
-    """The checked ``data.mapping`` of a ``csv`` pipeline."""
-    mapping = config.data.mapping
-    try:
-        if isinstance(mapping, str):
-            return meta_io.CsvMapping.from_yaml(mapping)
-        return meta_io.CsvMapping.from_dict(dict(mapping))
-    except DataError as err:
-        raise ConfigError(f"config key 'data.mapping' is not allowed: {err}") from err
+    """The config's split (for ``source: dataset`` without one: the source's default)."""
+    d = config.data
+    return d.split or dataclasses.replace(meta_io.source_split(d.source), seed=d.seed)
 
 
 def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: int) -> str | None:
@@ -75,10 +53,8 @@ def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: in
                 return f"was converted from other {key} ({source.get(key)})"
     if d.source == "criteo" and source.get("task_column", "C2") != d.task_column:
         return f"was converted with task column {source.get('task_column', 'C2')!r}"
-    if d.source == "dataset":  # only the keys the config gives
-        wanted = {k: v for k, v in dataclasses.asdict(d.split).items() if v is not None}
-    else:
-        wanted = dataclasses.asdict(_split(config))
+    # source dataset without a split: whatever the dataset was split with
+    wanted = dataclasses.asdict(d.split) if d.split is not None else {}
     differs = {k: recorded.get(k) for k, v in wanted.items() if recorded.get(k) != v}
     if differs:
         key = next(iter(differs))

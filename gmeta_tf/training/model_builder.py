@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, ModelConfig, PipelineConfig, tower_sparse_features
-from gmeta_tf.embedding import FeatureConfig, MixCacheConfig, ShardedHashEmbedding, TableConfig
+from gmeta_tf.embedding import FeatureConfig, ShardedHashEmbedding
 from gmeta_tf.embedding.id_salt import feature_salt
-from gmeta_tf.meta import MetaConfig, MetaModel
+from gmeta_tf.meta import MetaModel
 from gmeta_tf.models import BinaryHead, CTRModel, DLRMTower, Head, MeLUTower, RatingHead
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.devices import Placement
@@ -81,12 +81,7 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> Sha
     multi_hot = set(_of_kind(schema, "multi_hot"))
     tables, features = [], []
     for table, spec in model.tables.items():
-        optimizer = {"name": spec.optimizer, "learning_rate": spec.learning_rate}
-        cache = (MixCacheConfig(spec.cache.capacity, spec.cache.min_count,
-                                spec.cache.rebalance_every) if spec.cache is not None else None)
-        tables.append(TableConfig(table, embedding_width(model), optimizer=optimizer,
-                                  admit_after=spec.admit_after, init_scale=spec.init_scale,
-                                  seed=model.seed, cache=cache))
+        tables.append(spec)  # a TableSection is the table's TableConfig
         salted = len(spec.features) > 1 and not spec.shared_ids
         features += [FeatureConfig(f, table, combiner="mean" if f in multi_hot else None,
                                    id_salt=feature_salt(f) if salted else 0)
@@ -95,11 +90,6 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> Sha
         return ShardedHashEmbedding(tables, features, name=name)
     except (ValueError, TypeError) as err:  # e.g. a cache the table class cannot combine
         raise ConfigError(f"config section 'model.tables' is not allowed: {err}") from err
-
-
-def embedding_width(model: ModelConfig) -> int:
-    """Columns of every table row: the embedding, plus DLRM's linear weight."""
-    return model.embedding_dim + (1 if model.tower == "dlrm" and model.linear else 0)
 
 
 def make_tower(model: ModelConfig, name: str) -> Tower:
@@ -117,13 +107,6 @@ def make_head(model: ModelConfig) -> Head:
     if model.head.kind == "rating":
         return RatingHead(model.head.label, model.head.offset)
     return BinaryHead(model.head.label)
-
-
-def meta_config(config: PipelineConfig) -> MetaConfig:
-    m = config.meta
-    return MetaConfig(m.algorithm, m.inner_steps, m.inner_lr, m.learn_inner_lr,
-                      m.fast_weights, m.adapt_embeddings, m.inner_lr_per_element,
-                      m.inner_lr_per_step, m.multi_step_loss)
 
 
 def keras_optimizer(config: PipelineConfig, baseline: bool = False
@@ -162,7 +145,7 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
         tower = make_tower(config.model, "tower")
         try:
             if config.meta.enabled:
-                model = MetaModel(embedding, tower, head, meta_config(config), name="meta_model")
+                model = MetaModel(embedding, tower, head, config.meta, name="meta_model")
             else:
                 model = CTRModel(embedding, tower, head, name="ctr_model")
         except ValueError as err:  # e.g. a fast_weights selector matching nothing

@@ -135,7 +135,7 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
     first = next(iter(config.model.tables.values()))
     return {"learning_rate": _clip(t.learning_rate, 1e-4, 1e-2),
             "batch_size": _nearest(config.data.batch_size, BATCH_SIZES),
-            "table_learning_rate": _clip(first.learning_rate, 1e-3, 0.3),
+            "table_learning_rate": _clip(first.optimizer.learning_rate, 1e-3, 0.3),
             "embedding_dim": _nearest(config.model.embedding_dim, EMBEDDING_DIMS)}
 
 

@@ -115,7 +115,8 @@ def test_config_errors_name_the_culprit():
         ShardedHashEmbedding([TableConfig("t", 4)], [FeatureConfig("x", "nope")])
     with pytest.raises(ValueError, match="table names must be unique"):
         ShardedHashEmbedding([TableConfig("t", 4), TableConfig("t", 8)], [])
-    with pytest.raises(ValueError, match="'t': dim must be a positive integer"):
+    with pytest.raises(ValueError, match="TableConfig 't': dim = 0 is not allowed: "
+                                         "expected an integer >= 1"):
         TableConfig("t", 0)
     layer = ShardedHashEmbedding([TableConfig("t", 4)], [FeatureConfig("x", "t")])
     with pytest.raises(KeyError, match=r"no feature\(s\) \['x'\]"):

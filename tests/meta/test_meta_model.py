@@ -11,10 +11,10 @@ from tests.meta import tiny
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"inner_steps": 0}, "inner_steps=0, expected an int >= 1"),
-    ({"inner_steps": 1.5}, "inner_steps=1.5"),
-    ({"algorithm": "protonet"}, "algorithm='protonet', expected one of"),
-    ({"inner_lr": -0.1}, "inner_lr=-0.1"),
+    ({"inner_steps": 0}, "inner_steps = 0 is not allowed: expected an integer >= 1"),
+    ({"inner_steps": 1.5}, "inner_steps = 1.5 is not allowed: expected an integer"),
+    ({"algorithm": "protonet"}, "algorithm = 'protonet' is not allowed: expected one of"),
+    ({"inner_lr": -0.1}, r"inner_lr = -0.1 is not allowed: expected a number > 0"),
 ])
 def test_bad_config_names_the_key_and_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -132,7 +132,7 @@ def test_multi_step_loss_anneals_from_every_step_to_the_last():
     np.testing.assert_allclose(query_loss(2, 4, 9), two, rtol=1e-5)
     with pytest.raises(ValueError, match="multi_step_loss"):
         MetaConfig("reptile", multi_step_loss=10)
-    with pytest.raises(ValueError, match="multi_step_loss=-1"):
+    with pytest.raises(ValueError, match="multi_step_loss = -1 is not allowed"):
         MetaConfig("maml", multi_step_loss=-1)
 
 

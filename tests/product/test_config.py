@@ -7,7 +7,11 @@ import yaml
 
 from gmeta_tf.cli import main
 from gmeta_tf.config import (PIPELINES_DIR, ConfigError, PipelineConfig, apply_override,
-                             from_dict, load_config)
+                             dump_config, from_dict, load_config)
+from gmeta_tf.data import SplitConfig
+from gmeta_tf.embedding import MixCacheConfig, TableConfig
+from gmeta_tf.embedding.sparse_optimizers import Adagrad
+from gmeta_tf.meta import MetaConfig
 
 
 def _default_raw() -> dict:
@@ -61,14 +65,61 @@ def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message)
 
 
 def test_maml_plus_plus_options_reach_the_meta_config():
-    from gmeta_tf.training.model_builder import meta_config
     config = load_config("default", ["meta.inner_lr_per_step=true", "meta.multi_step_loss=50",
                                      "meta.learn_inner_lr=true"])
-    meta = meta_config(config)
+    meta = config.meta
+    assert isinstance(meta, MetaConfig)  # what MetaModel takes, built by the loader
     assert meta.inner_lr_per_step and meta.multi_step_loss == 50 and meta.learn_inner_lr
     with pytest.raises(ConfigError, match="'meta.multi_step_loss' = 50 is not allowed: "
-                                          "expected 0 with meta.algorithm 'reptile'"):
+                                          "expected 0 with algorithm 'reptile'"):
         load_config("default", ["meta.multi_step_loss=50", "meta.algorithm=reptile"])
+
+
+def test_the_loader_builds_the_libraries_own_config_types():
+    config = load_config("movielens", ["model.tables.item_id.cache={capacity: 64}"],
+                         tuned=False)
+    table = config.model.tables["item_id"]
+    assert isinstance(table, TableConfig) and isinstance(table.cache, MixCacheConfig)
+    assert (table.name, table.dim, table.seed) == ("item_id", config.model.table_dim,
+                                                   config.model.seed)
+    assert table.optimizer == Adagrad(0.05) and table.cache == MixCacheConfig(64)
+    assert isinstance(config.data.split, SplitConfig)
+    # the keys given replace the source's protocol; the rest and the seed are its own
+    given = load_config("default", ["data.split.query_size=3"]).data.split
+    assert given == SplitConfig(query_size=3, min_rows=8)  # synthetic data's min_rows
+    assert load_config("default", ["data.seed=7"]).data.split == SplitConfig(
+        seed=7, query_size=5, min_rows=8)
+
+
+def test_a_dumped_config_loads_back_equal(tmp_path):
+    for name in ("default", "movielens", "criteo"):
+        config = load_config(name, ["model.tables.item.cache={capacity: 64}"]
+                             if name == "default" else [], tuned=False)
+        dump_config(config, tmp_path / "config.yaml")
+        assert load_config(tmp_path / "config.yaml", tuned=False) == config
+
+
+@pytest.mark.parametrize("override, message", [
+    # checked by MixCacheConfig, SplitConfig and TableConfig themselves; named by key
+    ("model.tables.item.cache={capacity: 10, min_count: 0}",
+     "config key 'model.tables.item.cache.min_count' = 0 is not allowed: expected an "
+     "integer >= 1"),
+    ("data.split={query_size: 12, min_rows: 12}",
+     "config key 'data.split.min_rows' = 12 is not allowed: expected at least query_size + 1"),
+    ("model.tables.item.init_scale=-1", "config key 'model.tables.item.init_scale' = -1.0 is "
+                                        "not allowed: expected a number >= 0.0"),
+    ("model.tables.item.learning_rate=0", "config key 'model.tables.item.learning_rate' = 0.0 "
+                                          "is not allowed: expected a number > 0.0"),
+    ("model.tables.item.dim=4", "config key 'model.tables.item.dim' is not allowed: "
+                                "'model.tables.item' gets it from the pipeline"),
+    ("data.split.seed=x", "config key 'data.split.seed' = 'x' is not allowed: expected an "
+                          "integer"),
+    ("data.split.size=3", "config key 'data.split.size' is not allowed: unknown key"),
+])
+def test_the_library_types_checks_name_the_config_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config("default", [override])
+    assert message in str(err.value)
 
 
 def test_pretraining_is_for_the_meta_model():
