@@ -34,7 +34,7 @@ import yaml
 
 from gmeta_tf.config_fields import FieldError, field, range_violation, type_name
 from gmeta_tf.data.split import SplitConfig, source_split
-from gmeta_tf.embedding.config import MixCacheConfig, TableConfig
+from gmeta_tf.embedding.config import TableConfig
 from gmeta_tf.meta.meta_config import MetaConfig
 
 #: Where the embedded default pipeline lives (shipped with the project).
@@ -459,11 +459,11 @@ def _build(cls: type, raw: Any, prefix: str, derived: Mapping[str, Any] | None =
         raise ConfigError(f"config key '{key}' is not allowed: {why}; "
                           f"'{prefix or '<top>'}' allows {sorted(fields)}")
     hints = typing.get_type_hints(cls)
-    for name, field in fields.items():
-        if (name not in raw and field.default is dataclasses.MISSING
-                and field.default_factory is dataclasses.MISSING):
+    for name, spec in fields.items():
+        if (name not in raw and spec.default is dataclasses.MISSING
+                and spec.default_factory is dataclasses.MISSING):
             raise ConfigError(f"config key '{_join(prefix, name)}' is missing: expected "
-                              f"{_describe(hints[name], field.metadata)}")
+                              f"{_describe(hints[name], spec.metadata)}")
     values = dict(derived)
     for name, value in raw.items():
         key = _join(prefix, name)

@@ -37,6 +37,17 @@ def _split(config: PipelineConfig) -> meta_io.SplitConfig:
     return d.split or dataclasses.replace(meta_io.source_split(d.source), seed=d.seed)
 
 
+def csv_mapping(config: PipelineConfig) -> meta_io.CsvMapping:
+    """The checked ``data.mapping`` of a ``csv`` pipeline."""
+    mapping = config.data.mapping
+    try:
+        if isinstance(mapping, str):
+            return meta_io.CsvMapping.from_yaml(mapping)
+        return meta_io.CsvMapping.from_dict(dict(mapping))
+    except DataError as err:
+        raise ConfigError(f"config key 'data.mapping' is not allowed: {err}") from err
+
+
 def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: int) -> str | None:
     """Why the dataset at ``data.path`` does not fit the config (None when it does)."""
     d = config.data
