@@ -23,6 +23,10 @@ using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
+// Rows are read or written at scattered places: loops fetch the row this many indices
+// ahead (memory latency, not arithmetic, bounds them).
+constexpr int64_t kRowPrefetchDistance = 8;
+
 // Checks 0 <= indices[i] < bound for all i; reports the first offender.
 ::tensorflow::Status CheckIndices(const int32_t* indices, int64_t n, int64_t bound) {
   for (int64_t i = 0; i < n; ++i) {
@@ -67,6 +71,9 @@ class GatherRowsOp : public OpKernel {
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
     workers->ParallelFor(n, 4 * dim, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
+        if (i + kRowPrefetchDistance < end) {  // source rows are scattered: fetch ahead
+          __builtin_prefetch(src + static_cast<int64_t>(idx[i + kRowPrefetchDistance]) * dim);
+        }
         std::memcpy(dst + i * dim, src + static_cast<int64_t>(idx[i]) * dim, dim * sizeof(float));
       }
     });
@@ -118,6 +125,10 @@ class ScatterAddRowsOp : public OpKernel {
         const int64_t lo = num_rows * s / shards, hi = num_rows * (s + 1) / shards;
         std::fill(dst + lo * dim, dst + hi * dim, 0.0f);
         for (int64_t i = 0; i < n; ++i) {
+          if (i + kRowPrefetchDistance < n) {  // target rows are scattered: fetch ahead
+            const int64_t ahead = idx[i + kRowPrefetchDistance];
+            if (ahead >= lo && ahead < hi) __builtin_prefetch(dst + ahead * dim, 1);
+          }
           const int64_t k = idx[i];
           if (k < lo || k >= hi) continue;
           float* acc = dst + k * dim;

@@ -199,8 +199,10 @@ int64_t HashTable::IndexCapacity() const {
   return n;
 }
 
-void HashTable::GroupByShard(const int64_t* ids, int64_t n, std::vector<int32_t>* order,
-                             std::vector<int64_t>* begin) {
+void HashTable::GroupByShard(const int64_t* ids, const int64_t* counts, int64_t n,
+                             std::vector<int32_t>* order, std::vector<int64_t>* begin,
+                             std::vector<int64_t>* grouped,
+                             std::vector<int64_t>* grouped_counts) {
   std::vector<uint8_t> shard_of(n);
   begin->assign(kNumShards + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
@@ -210,7 +212,14 @@ void HashTable::GroupByShard(const int64_t* ids, int64_t n, std::vector<int32_t>
   for (int64_t s = 0; s < kNumShards; ++s) (*begin)[s + 1] += (*begin)[s];
   std::vector<int64_t> next(begin->begin(), begin->end() - 1);
   order->resize(n);
-  for (int64_t i = 0; i < n; ++i) (*order)[next[shard_of[i]]++] = static_cast<int32_t>(i);
+  grouped->resize(n);
+  grouped_counts->resize(counts ? n : 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = next[shard_of[i]]++;
+    (*order)[k] = static_cast<int32_t>(i);
+    (*grouped)[k] = ids[i];
+    if (counts) (*grouped_counts)[k] = counts[i];
+  }
 }
 
 void HashTable::InitRow(float* row, int64_t key) const {
@@ -235,8 +244,8 @@ void HashTable::LookupOrInsertInTable(const int64_t* ids, const int64_t* counts,
   const int64_t dim = config_.dim;
   const uint64_t generation = generation_;
   std::vector<int32_t> order;
-  std::vector<int64_t> begin;
-  GroupByShard(ids, n, &order, &begin);
+  std::vector<int64_t> begin, key, count;
+  GroupByShard(ids, counts, n, &order, &begin, &key, &count);
   // One task per sub-table. Within it, the ids in call order: first the ids known when the
   // call began have their counts added (and rows read), then the others are inserted in
   // order, and entries without a row are admitted once their frequency reaches the bar.
@@ -254,17 +263,28 @@ void HashTable::LookupOrInsertInTable(const int64_t* ids, const int64_t* counts,
       if (lo == hi) continue;
       shard.Reserve(shard.num_entries + (hi - lo));  // no rehash until the call ends
       pending.clear();
+      constexpr int64_t kRowAhead = kPrefetchDistance / 2;
       for (int64_t k = lo; k < hi; ++k) {
-        if (k + kPrefetchDistance < hi) shard.PrefetchHome(ids[order[k + kPrefetchDistance]]);
+        if (k + kPrefetchDistance < hi) {
+          shard.PrefetchHome(key[k + kPrefetchDistance]);
+          __builtin_prefetch(values + order[k + kPrefetchDistance] * dim, 1);
+        }
+        if (k + kRowAhead < hi) {
+          // Its home entry was fetched kRowAhead ids ago: when the id sits there with a
+          // row, fetch the row too (a guess; a miss costs nothing but the prefetch).
+          const int64_t ahead = key[k + kRowAhead];
+          const Shard::Slot& home = shard.slots[shard.Home(ahead)];
+          if (home.row >= 0 && home.key == ahead) __builtin_prefetch(shard.RowPtr(home.row));
+        }
         const int64_t i = order[k];
         int64_t empty = 0;
-        const int64_t e = shard.Find(ids[i], &empty);
+        const int64_t e = shard.Find(key[k], &empty);
         if (e == Shard::kNotFound) {
           pending.push_back({k, empty, false});
           continue;
         }
         Shard::Slot& slot = shard.slots[e];
-        slot.freq += counts ? counts[i] : int64_t{1};
+        slot.freq += counts ? count[k] : int64_t{1};
         slot.last_seen = step;
         if (freq_out) freq_out[i] = slot.freq;
         if (slot.row >= 0) {
@@ -274,23 +294,31 @@ void HashTable::LookupOrInsertInTable(const int64_t* ids, const int64_t* counts,
           pending.push_back({k, e, true});
         }
       }
-      for (const Pending& p : pending) {
+      const size_t num_pending = pending.size();
+      for (size_t q = 0; q < num_pending; ++q) {
+        if (q + kPrefetchDistance < num_pending) {
+          __builtin_prefetch(&shard.slots[pending[q + kPrefetchDistance].index], 1);
+        }
+        if (q + kPrefetchDistance / 2 < num_pending) {
+          __builtin_prefetch(values + order[pending[q + kPrefetchDistance / 2].k] * dim, 1);
+        }
+        const Pending& p = pending[q];
         const int64_t i = order[p.k];
         int64_t e = p.index;
         if (!p.known) {
           // The probe's empty entry is still free unless an earlier id of this call took
           // it; then probe again (the id may have been inserted by its own duplicate).
-          e = shard.slots[e].row == Shard::kEmpty ? shard.InsertAt(e, ids[i])
-                                                   : shard.FindOrInsert(ids[i]);
+          e = shard.slots[e].row == Shard::kEmpty ? shard.InsertAt(e, key[p.k])
+                                                   : shard.FindOrInsert(key[p.k]);
           Shard::Slot& slot = shard.slots[e];
-          slot.freq += counts ? counts[i] : int64_t{1};
+          slot.freq += counts ? count[p.k] : int64_t{1};
           slot.last_seen = step;
           if (freq_out) freq_out[i] = slot.freq;
         }
         Shard::Slot& slot = shard.slots[e];
         if (slot.row < 0 && slot.freq >= config_.admit_after) {
           slot.row = shard.NewRow();
-          InitRow(shard.RowPtr(slot.row), ids[i]);
+          InitRow(shard.RowPtr(slot.row), key[p.k]);
         }
         float* out = values + i * dim;
         if (slot.row >= 0) {
@@ -367,8 +395,8 @@ int64_t HashTable::ApplyGradients(const int64_t* ids, const int64_t* handles,
   const uint64_t generation = generation_ & kGenerationMask;
   const float alpha = params.kind == Optimizer::kAdam ? AdamAlpha(params) : 0.0f;
   std::vector<int32_t> order;
-  std::vector<int64_t> begin;
-  GroupByShard(ids, n, &order, &begin);
+  std::vector<int64_t> begin, key, unused;
+  GroupByShard(ids, nullptr, n, &order, &begin, &key, &unused);
   std::atomic<int64_t> updated{0};
   // One task per sub-table: an id and all its duplicates fall in the same one, so the
   // marks, the fold and the rows of a task are its own (a cached id's row included).
@@ -381,25 +409,45 @@ int64_t HashTable::ApplyGradients(const int64_t* ids, const int64_t* handles,
       Shard& shard = *shards_[s];
       targets.clear();
       duplicates.clear();
-      for (int64_t k = begin[s]; k < begin[s + 1]; ++k) {
+      const int64_t hi = begin[s + 1];
+      // The row (and its mark) of a valid handle is known before probing: fetch the row's
+      // lines and mark ahead of their use (rows are scattered over the arena).
+      const auto handle_row = [&](int64_t i) -> int64_t {
+        const int64_t h = handles ? handles[i] : kNoHandle;
+        const uint64_t u = static_cast<uint64_t>(h);
+        if (h >= 0 && (u >> kGenerationShift) == generation &&
+            static_cast<int64_t>((u >> kRowBits) & (kNumShards - 1)) == s &&
+            static_cast<int64_t>(u & kRowMask) < shard.rows_allocated) {
+          return static_cast<int64_t>(u & kRowMask);
+        }
+        return Shard::kNoRow;
+      };
+      for (int64_t k = begin[s]; k < hi; ++k) {
+        // Positions within a sub-table are scattered over the call's inputs: fetch the
+        // handle two distances ahead, its row and mark one distance ahead.
+        if (handles && k + 2 * kPrefetchDistance < hi) {
+          __builtin_prefetch(&handles[order[k + 2 * kPrefetchDistance]]);
+        }
+        if (k + kPrefetchDistance < hi && !cache_) {
+          const int64_t ahead = handle_row(order[k + kPrefetchDistance]);
+          if (ahead >= 0) {
+            const float* r = shard.RowPtr(ahead);
+            for (int64_t j = 0; j < shard.stride; j += 16) __builtin_prefetch(r + j, 1);
+            __builtin_prefetch(&shard.apply_mark[ahead], 1);
+          }
+        }
         const int64_t i = order[k];
         float* row = nullptr;
         uint64_t* mark = nullptr;
-        const int32_t cached = cache_ ? cache_->Find(ids[i]) : Cache::kFree;
+        const int32_t cached = cache_ ? cache_->Find(key[k]) : Cache::kFree;
         if (cached != Cache::kFree) {
           row = cache_->Row(cached);
           mark = &cache_->apply_mark[cached];
           cache_->dirty[cached] = 1;
         } else {
-          int64_t r = Shard::kNoRow;
-          const int64_t h = handles ? handles[i] : kNoHandle;
-          const uint64_t u = static_cast<uint64_t>(h);
-          if (h >= 0 && (u >> kGenerationShift) == generation &&
-              static_cast<int64_t>((u >> kRowBits) & (kNumShards - 1)) == s &&
-              static_cast<int64_t>(u & kRowMask) < shard.rows_allocated) {
-            r = static_cast<int64_t>(u & kRowMask);
-          } else {
-            const int64_t e = shard.Find(ids[i]);
+          int64_t r = handle_row(i);
+          if (r == Shard::kNoRow) {
+            const int64_t e = shard.Find(key[k]);
             if (e != Shard::kNotFound) r = shard.slots[e].row;
           }
           if (r < 0) continue;
@@ -431,7 +479,15 @@ int64_t HashTable::ApplyGradients(const int64_t* ids, const int64_t* handles,
           if (folded_at[t] >= 0) targets[t].grad = folded.data() + folded_at[t];
         }
       }
-      for (const Target& t : targets) ApplyOne(params, dim, alpha, t.row, t.grad);
+      const size_t m = targets.size();
+      for (size_t t = 0; t < m; ++t) {
+        if (t + kPrefetchDistance < m) {  // the first pass's prefetches may be gone by now
+          const Target& ahead = targets[t + kPrefetchDistance];
+          for (int64_t j = 0; j < shard.stride; j += 16) __builtin_prefetch(ahead.row + j, 1);
+          for (int64_t j = 0; j < dim; j += 16) __builtin_prefetch(ahead.grad + j);
+        }
+        ApplyOne(params, dim, alpha, targets[t].row, targets[t].grad);
+      }
       updated += static_cast<int64_t>(targets.size());
     }
   });

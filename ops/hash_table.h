@@ -198,9 +198,13 @@ class HashTable {
   }
   int64_t stride() const { return config_.dim * (1 + config_.num_slots); }
   // Positions 0..n-1 of ids, grouped by sub-table (in order within each): order holds
-  // them, begin[s]..begin[s + 1] is sub-table s's part.
-  static void GroupByShard(const int64_t* ids, int64_t n, std::vector<int32_t>* order,
-                           std::vector<int64_t>* begin);
+  // them, begin[s]..begin[s + 1] is sub-table s's part, and grouped[k] = ids[order[k]]
+  // (so the loops over a sub-table read its ids in sequence, not scattered over ids);
+  // likewise grouped_counts[k] = counts[order[k]] when counts is given.
+  static void GroupByShard(const int64_t* ids, const int64_t* counts, int64_t n,
+                           std::vector<int32_t>* order, std::vector<int64_t>* begin,
+                           std::vector<int64_t>* grouped,
+                           std::vector<int64_t>* grouped_counts);
   void InitRow(float* row, int64_t key) const;
   void LookupOrInsertInTable(const int64_t* ids, const int64_t* counts, int64_t n,
                              int64_t step, float* values, int64_t* handles, int64_t* freq_out,
