@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from gmeta_tf import config_fields
 from gmeta_tf.config_fields import FieldError
@@ -60,7 +60,7 @@ class TableConfig:
     dim: int = config_fields.field(min=1)
     optimizer: Any = "adagrad"
     learning_rate: float | None = config_fields.field(None, min_exclusive=0.0)
-    initializer: str = "uniform"
+    initializer: Literal["zeros", "uniform", "normal"] = "uniform"
     init_scale: float = config_fields.field(0.05, min=0.0)
     admit_after: int = config_fields.field(1, min=1)
     default_value: float = 0.0

@@ -106,6 +106,9 @@ def test_a_dumped_config_loads_back_equal(tmp_path):
      "integer >= 1"),
     ("data.split={query_size: 12, min_rows: 12}",
      "config key 'data.split.min_rows' = 12 is not allowed: expected at least query_size + 1"),
+    ("model.tables.item.initializer=gauss", "config key 'model.tables.item.initializer' = "
+                                            "'gauss' is not allowed: expected one of "
+                                            "['zeros', 'uniform', 'normal']"),
     ("model.tables.item.init_scale=-1", "config key 'model.tables.item.init_scale' = -1.0 is "
                                         "not allowed: expected a number >= 0.0"),
     ("model.tables.item.learning_rate=0", "config key 'model.tables.item.learning_rate' = 0.0 "
