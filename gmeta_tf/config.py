@@ -23,7 +23,6 @@ import collections.abc
 import copy
 import dataclasses
 import logging
-import math
 import os
 import types
 import typing
@@ -32,7 +31,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
-from gmeta_tf.config_fields import FieldError, field, range_violation, type_name
+from gmeta_tf.config_fields import (FieldError, field, range_violation, type_name,
+                                    type_violation)
 from gmeta_tf.data.split import SplitConfig, source_split
 from gmeta_tf.embedding.config import TableConfig
 from gmeta_tf.meta.meta_config import MetaConfig
@@ -496,10 +496,6 @@ def _build_data(cls: type, raw: Any, prefix: str) -> "DataConfig":
         raise _fail(key, given, f"a mapping with keys "
                     f"{[f.name for f in dataclasses.fields(SplitConfig)]}")
     base = dataclasses.asdict(dataclasses.replace(source_split(data.source), seed=data.seed))
-    unknown = [k for k in given if k not in base]
-    if unknown:
-        raise ConfigError(f"config key '{_join(key, str(unknown[0]))}' is not allowed: "
-                          f"unknown key; '{key}' allows {sorted(base)}")
     return dataclasses.replace(data, split=_build(SplitConfig, {**base, **given}, key))
 
 
@@ -525,7 +521,7 @@ def _build_model(cls: type, raw: Any, prefix: str) -> "ModelConfig":
     return dataclasses.replace(model, tables=built)
 
 
-_BUILDERS = {"DataConfig": _build_data, "ModelConfig": _build_model}  # by name: defined below
+_BUILDERS = {DataConfig: _build_data, ModelConfig: _build_model}
 
 
 def _convert(hint: Any, value: Any, key: str):
@@ -543,7 +539,7 @@ def _convert(hint: Any, value: Any, key: str):
             raise _fail(key, value, f"one of {list(args)}")
         return value
     if dataclasses.is_dataclass(hint):
-        return _BUILDERS.get(hint.__name__, _build)(hint, value, key)
+        return _BUILDERS.get(hint, _build)(hint, value, key)
     if origin is tuple:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise _fail(key, value, f"a list of {type_name(args[0])}")
@@ -556,27 +552,14 @@ def _convert(hint: Any, value: Any, key: str):
 
 
 def _scalar(hint: Any, value: Any, key: str):
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise _fail(key, value, "true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _fail(key, value, "an integer")
-        if not _INT64_MIN <= value <= _INT64_MAX:  # TF and NumPy take int64 at most
-            raise _fail(key, value, "an integer that fits in int64")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _fail(key, value, "a number")
-        if not math.isfinite(value):  # NaN passes every range check: refuse it here
-            raise _fail(key, value, "a finite number (not NaN or infinity)")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str) or not value:
-            raise _fail(key, value, "a non-empty string")
-        return value
-    raise TypeError(f"config field '{key}' has an unsupported type {hint!r}")
+    if hint not in (bool, int, float, str):
+        raise TypeError(f"config field '{key}' has an unsupported type {hint!r}")
+    expected = type_violation(hint, value)  # the check the config types run themselves
+    if expected is not None:  # (a float must be finite: NaN passes every range check)
+        raise _fail(key, value, expected)
+    if hint is int and not _INT64_MIN <= value <= _INT64_MAX:  # TF and NumPy: int64 at most
+        raise _fail(key, value, "an integer that fits in int64")
+    return float(value) if hint is float else value
 
 
 def _describe(hint: Any, metadata: Mapping[str, Any]) -> str:
