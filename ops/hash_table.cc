@@ -200,26 +200,51 @@ int64_t HashTable::IndexCapacity() const {
 }
 
 void HashTable::GroupByShard(const int64_t* ids, const int64_t* counts, int64_t n,
-                             std::vector<int32_t>* order, std::vector<int64_t>* begin,
-                             std::vector<int64_t>* grouped,
-                             std::vector<int64_t>* grouped_counts) {
-  std::vector<uint8_t> shard_of(n);
-  begin->assign(kNumShards + 1, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    shard_of[i] = static_cast<uint8_t>(ShardOf(ids[i]));
-    ++(*begin)[shard_of[i] + 1];
+                             const ParallelFor& pfor) {
+  // A stable counting sort, chunk by chunk in parallel: each chunk counts its ids per
+  // sub-table, then writes them from its own offsets.
+  Grouping& g = grouping_;
+  const int64_t chunks = std::min<int64_t>(64, std::max<int64_t>(1, n >> 14));
+  const auto chunk_begin = [n, chunks](int64_t c) { return n * c / chunks; };
+  g.chunk_offset.resize(chunks * kNumShards);
+  int64_t* offset = g.chunk_offset.data();
+  pfor(chunks, (n / chunks + 1) * 8, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      int64_t* h = offset + c * kNumShards;
+      std::fill(h, h + kNumShards, 0);
+      for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) ++h[ShardOf(ids[i])];
+    }
+  });
+  g.begin.assign(kNumShards + 1, 0);
+  int64_t at = 0;
+  for (int64_t s = 0; s < kNumShards; ++s) {
+    g.begin[s] = at;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t size = offset[c * kNumShards + s];
+      offset[c * kNumShards + s] = at;  // becomes the chunk's write offset
+      at += size;
+    }
   }
-  for (int64_t s = 0; s < kNumShards; ++s) (*begin)[s + 1] += (*begin)[s];
-  std::vector<int64_t> next(begin->begin(), begin->end() - 1);
-  order->resize(n);
-  grouped->resize(n);
-  grouped_counts->resize(counts ? n : 0);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t k = next[shard_of[i]]++;
-    (*order)[k] = static_cast<int32_t>(i);
-    (*grouped)[k] = ids[i];
-    if (counts) (*grouped_counts)[k] = counts[i];
+  g.begin[kNumShards] = at;
+  if (static_cast<int64_t>(g.order.size()) < n) {
+    g.order.resize(n);
+    g.key.resize(n);
   }
+  if (counts && static_cast<int64_t>(g.count.size()) < n) g.count.resize(n);
+  int32_t* order = g.order.data();
+  int64_t* key = g.key.data();
+  int64_t* count = g.count.data();
+  pfor(chunks, (n / chunks + 1) * 10, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      int64_t* next = offset + c * kNumShards;
+      for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) {
+        const int64_t k = next[ShardOf(ids[i])]++;
+        order[k] = static_cast<int32_t>(i);
+        key[k] = ids[i];
+        if (counts) count[k] = counts[i];
+      }
+    }
+  });
 }
 
 void HashTable::InitRow(float* row, int64_t key) const {
@@ -243,9 +268,11 @@ void HashTable::LookupOrInsertInTable(const int64_t* ids, const int64_t* counts,
                                       int64_t* freq_out, const ParallelFor& pfor) {
   const int64_t dim = config_.dim;
   const uint64_t generation = generation_;
-  std::vector<int32_t> order;
-  std::vector<int64_t> begin, key, count;
-  GroupByShard(ids, counts, n, &order, &begin, &key, &count);
+  GroupByShard(ids, counts, n, pfor);
+  const int32_t* order = grouping_.order.data();
+  const int64_t* begin = grouping_.begin.data();
+  const int64_t* key = grouping_.key.data();
+  const int64_t* count = grouping_.count.data();
   // One task per sub-table. Within it, the ids in call order: first the ids known when the
   // call began have their counts added (and rows read), then the others are inserted in
   // order, and entries without a row are admitted once their frequency reaches the bar.
@@ -394,9 +421,10 @@ int64_t HashTable::ApplyGradients(const int64_t* ids, const int64_t* handles,
   const uint64_t epoch = apply_epoch_;
   const uint64_t generation = generation_ & kGenerationMask;
   const float alpha = params.kind == Optimizer::kAdam ? AdamAlpha(params) : 0.0f;
-  std::vector<int32_t> order;
-  std::vector<int64_t> begin, key, unused;
-  GroupByShard(ids, nullptr, n, &order, &begin, &key, &unused);
+  GroupByShard(ids, nullptr, n, pfor);
+  const int32_t* order = grouping_.order.data();
+  const int64_t* begin = grouping_.begin.data();
+  const int64_t* key = grouping_.key.data();
   std::atomic<int64_t> updated{0};
   // One task per sub-table: an id and all its duplicates fall in the same one, so the
   // marks, the fold and the rows of a task are its own (a cached id's row included).

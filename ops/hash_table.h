@@ -198,13 +198,16 @@ class HashTable {
   }
   int64_t stride() const { return config_.dim * (1 + config_.num_slots); }
   // Positions 0..n-1 of ids, grouped by sub-table (in order within each): order holds
-  // them, begin[s]..begin[s + 1] is sub-table s's part, and grouped[k] = ids[order[k]]
-  // (so the loops over a sub-table read its ids in sequence, not scattered over ids);
-  // likewise grouped_counts[k] = counts[order[k]] when counts is given.
-  static void GroupByShard(const int64_t* ids, const int64_t* counts, int64_t n,
-                           std::vector<int32_t>* order, std::vector<int64_t>* begin,
-                           std::vector<int64_t>* grouped,
-                           std::vector<int64_t>* grouped_counts);
+  // them, begin[s]..begin[s + 1] is sub-table s's part, and key[k] = ids[order[k]] (so
+  // the loops over a sub-table read its ids in sequence, not scattered over ids);
+  // likewise count[k] = counts[order[k]] when counts is given. Its arrays are kept for
+  // the next call (they are only used under the exclusive lock).
+  struct Grouping {
+    std::vector<int32_t> order;
+    std::vector<int64_t> begin, key, count, chunk_offset;
+  };
+  void GroupByShard(const int64_t* ids, const int64_t* counts, int64_t n,
+                    const ParallelFor& pfor);
   void InitRow(float* row, int64_t key) const;
   void LookupOrInsertInTable(const int64_t* ids, const int64_t* counts, int64_t n,
                              int64_t step, float* values, int64_t* handles, int64_t* freq_out,
@@ -234,19 +237,24 @@ class HashTable {
   std::unique_ptr<Cache> cache_;  // null without a cache
   uint64_t generation_ = 0;       // bumped whenever rows may be freed or moved
   uint64_t apply_epoch_ = 0;      // ApplyGradients' duplicate marks
+  Grouping grouping_;             // GroupByShard's answer, under the exclusive lock
 };
 
 // Virtual Sparse Id: raw ids -> unique ids (in first-seen order, grouped by owner when
 // num_partitions > 1), the index of each raw id into the unique list, each unique id's
-// count, and the number of unique ids per owner.
-struct DedupResult {
-  std::vector<int64_t> unique_ids;
-  std::vector<int32_t> inverse;
-  std::vector<int64_t> counts;
-  std::vector<int64_t> splits;
+// count, and the number of unique ids per owner. Dedup asks `allocate` once, with the
+// number of unique ids u, for where to write them: unique_ids and counts (u each), inverse
+// (one per raw id) and splits (num_partitions). Null splits there end the call (the
+// caller keeps the reason); the others may be null where their size is 0.
+struct DedupOutputs {
+  int64_t* unique_ids = nullptr;
+  int32_t* inverse = nullptr;
+  int64_t* counts = nullptr;
+  int32_t* splits = nullptr;
 };
-void Dedup(const int64_t* ids, int64_t n, int64_t num_partitions, DedupResult* out,
-           const ParallelFor& pfor);
+using DedupAllocate = std::function<DedupOutputs(int64_t num_unique)>;
+void Dedup(const int64_t* ids, int64_t n, int64_t num_partitions,
+           const DedupAllocate& allocate, const ParallelFor& pfor);
 
 }  // namespace gmeta
 

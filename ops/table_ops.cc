@@ -585,19 +585,20 @@ class DedupOp : public OpKernel {
                 InvalidArgument("num_partitions must be >= 1, got ", parts));
     OP_REQUIRES(ctx, ids.dim_size(0) < (int64_t{1} << 31),
                 InvalidArgument("at most 2^31 - 1 ids per call, got ", ids.dim_size(0)));
-    DedupResult r;
-    Dedup(ids.flat<int64_t>().data(), ids.dim_size(0), parts, &r, MakeParallelFor(ctx));
-    const int64_t u = static_cast<int64_t>(r.unique_ids.size());
-    Tensor *unique, *inverse, *counts, *splits;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({ids.dim_size(0)}), &inverse));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u}), &counts));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({parts}), &splits));
-    std::copy(r.unique_ids.begin(), r.unique_ids.end(), unique->flat<int64_t>().data());
-    std::copy(r.inverse.begin(), r.inverse.end(), inverse->flat<int32_t>().data());
-    std::copy(r.counts.begin(), r.counts.end(), counts->flat<int64_t>().data());
-    int32_t* s = splits->flat<int32_t>().data();
-    for (int64_t p = 0; p < parts; ++p) s[p] = static_cast<int32_t>(r.splits[p]);
+    const int64_t n = ids.dim_size(0);
+    ::tensorflow::Status status;
+    const auto allocate = [&](int64_t u) -> DedupOutputs {
+      Tensor *unique, *inverse, *counts, *splits;
+      status = ctx->allocate_output(0, TensorShape({u}), &unique);
+      if (status.ok()) status = ctx->allocate_output(1, TensorShape({n}), &inverse);
+      if (status.ok()) status = ctx->allocate_output(2, TensorShape({u}), &counts);
+      if (status.ok()) status = ctx->allocate_output(3, TensorShape({parts}), &splits);
+      if (!status.ok()) return DedupOutputs{};
+      return DedupOutputs{unique->flat<int64_t>().data(), inverse->flat<int32_t>().data(),
+                          counts->flat<int64_t>().data(), splits->flat<int32_t>().data()};
+    };
+    Dedup(ids.flat<int64_t>().data(), n, parts, allocate, MakeParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, status);
   }
 };
 REGISTER_KERNEL_BUILDER(Name("GmetaDedup").Device(DEVICE_CPU), DedupOp);
