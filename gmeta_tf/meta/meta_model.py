@@ -63,6 +63,9 @@ class MetaModel(tf.keras.Model):
         self.adapter = TaskAdapter(tower, head, fast, self.config.adapt_embeddings,
                                    self.config.inner_steps)
         self.inner_lr_variables = self._create_inner_rates()
+        # Outer-optimizer steps spent pre-training (the trainer sets it from
+        # train.pretrain_steps): the multi-step loss anneals over meta steps only.
+        self.pretrained_steps = 0
 
     def _create_inner_rates(self) -> dict[str, tf.Variable]:
         if not self.config.learn_inner_lr:
@@ -126,10 +129,12 @@ class MetaModel(tf.keras.Model):
 
     def multi_step_weights(self) -> tf.Tensor:
         """``[k]`` weights of the query losses after each inner step (``multi_step_loss``):
-        equal at outer step 0, all on the last step from outer step ``multi_step_loss``."""
+        equal at the first meta step, all on the last step ``multi_step_loss`` meta steps
+        later (pre-training steps, ``pretrained_steps``, do not count)."""
         k = self.config.inner_steps
         annealed = self.config.multi_step_loss or 1
-        done = 0.0 if self.optimizer is None else tf.cast(self.optimizer.iterations, tf.float32)
+        done = 0.0 if self.optimizer is None else tf.maximum(
+            tf.cast(self.optimizer.iterations - self.pretrained_steps, tf.float32), 0.0)
         progress = tf.minimum(done / float(annealed), 1.0)
         last = tf.one_hot(k - 1, k)
         return (1.0 - progress) * tf.fill([k], 1.0 / k) + progress * last

@@ -239,6 +239,7 @@ class Trainer:
         if not pretrain:
             return lambda step, batch: meta_step(batch)
         pretrain_step = make_step(model.pretrain_step)
+        model.pretrained_steps = pretrain  # before the meta step is traced
         return lambda step, batch: (pretrain_step if step <= pretrain else meta_step)(batch)
 
     def _sync_steps(self, models: Models, meter: "_Meter"):

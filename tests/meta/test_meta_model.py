@@ -118,11 +118,12 @@ def test_multi_step_loss_anneals_from_every_step_to_the_last():
     and 2 (each equal to a 1- and a 2-step model's loss), after the annealing the last's."""
     batch = tiny.tasks(3, seed=4)
 
-    def query_loss(steps, multi_step_loss=0, iterations=0):
+    def query_loss(steps, multi_step_loss=0, iterations=0, pretrained=0):
         model = tiny.model(MetaConfig("maml", inner_steps=steps, inner_lr=0.2,
                                       multi_step_loss=multi_step_loss))
         model.compile(optimizer=tf.keras.optimizers.SGD(0.1))
         model.optimizer.iterations.assign(iterations)
+        model.pretrained_steps = pretrained
         return float(model.meta_loss(batch)[0])
 
     one, two = query_loss(1), query_loss(2)
@@ -130,6 +131,10 @@ def test_multi_step_loss_anneals_from_every_step_to_the_last():
     np.testing.assert_allclose(query_loss(2, 4, 0), (one + two) / 2, rtol=1e-5)
     np.testing.assert_allclose(query_loss(2, 4, 2), 0.25 * one + 0.75 * two, rtol=1e-5)
     np.testing.assert_allclose(query_loss(2, 4, 9), two, rtol=1e-5)
+    # Pre-training's optimizer steps do not count: the anneal starts at the first meta step.
+    np.testing.assert_allclose(query_loss(2, 4, 9, pretrained=9), (one + two) / 2, rtol=1e-5)
+    np.testing.assert_allclose(query_loss(2, 4, 11, pretrained=9), 0.25 * one + 0.75 * two,
+                               rtol=1e-5)
     with pytest.raises(ValueError, match="multi_step_loss"):
         MetaConfig("reptile", multi_step_loss=10)
     with pytest.raises(ValueError, match="multi_step_loss = -1 is not allowed"):
