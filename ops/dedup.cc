@@ -46,7 +46,7 @@ struct LocalMap {
 // The arrays of one call, kept for the next. Every element a call reads it has written
 // first, so nothing is cleared between calls.
 struct DedupScratch {
-  std::vector<int64_t> hist, bucket_begin, bucket_unique, chunk_firsts;
+  std::vector<int64_t> chunk_offset, bucket_begin, bucket_unique, chunk_firsts;
   std::vector<int32_t> by_bucket, local_index, first_pos, number_at;
   std::vector<int64_t> bucket_ids, first_count;
   std::vector<uint8_t> is_first;
@@ -80,12 +80,6 @@ ScratchPool& Pool() {
   return *pool;
 }
 
-template <typename T>
-T* Sized(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-  return v.data();
-}
-
 void DedupWith(DedupScratch& s, const int64_t* ids, int64_t n, int64_t num_partitions,
                const DedupAllocate& allocate, const ParallelFor& pfor) {
   int bits = 0;
@@ -94,46 +88,21 @@ void DedupWith(DedupScratch& s, const int64_t* ids, int64_t n, int64_t num_parti
   const auto bucket_of = [bits](uint64_t h) {
     return bits ? static_cast<int64_t>(h >> (64 - bits)) : int64_t{0};
   };
-  const int64_t chunks = std::min<int64_t>(64, std::max<int64_t>(1, n >> 14));
+  const int64_t chunks = ParallelChunks(n);
   const auto chunk_begin = [n, chunks](int64_t c) { return n * c / chunks; };
 
-  // 1. Positions grouped by bucket, in order within each bucket.
-  int64_t* hist = Sized(s.hist, chunks * buckets);
-  pfor(chunks, (n / chunks + 1) * 10, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) {
-      int64_t* h = hist + c * buckets;
-      std::fill(h, h + buckets, 0);
-      for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) {
-        ++h[bucket_of(Mix64(static_cast<uint64_t>(ids[i])))];
-      }
-    }
-  });
+  // 1. Positions grouped by bucket, in order within each bucket. The ids are copied beside
+  //    their positions so each bucket is then read sequentially.
   int64_t* bucket_begin = Sized(s.bucket_begin, buckets + 1);
-  {
-    int64_t at = 0;
-    for (int64_t b = 0; b < buckets; ++b) {
-      bucket_begin[b] = at;
-      for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t count = hist[c * buckets + b];
-        hist[c * buckets + b] = at;  // becomes the chunk's write offset in the bucket
-        at += count;
-      }
-    }
-    bucket_begin[buckets] = at;
-  }
-  // The ids are copied beside their positions so each bucket is then read sequentially.
   int32_t* by_bucket = Sized(s.by_bucket, n);
   int64_t* bucket_ids = Sized(s.bucket_ids, n);
-  pfor(chunks, (n / chunks + 1) * 10, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) {
-      int64_t* offset = hist + c * buckets;
-      for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) {
-        const int64_t at = offset[bucket_of(Mix64(static_cast<uint64_t>(ids[i])))]++;
+  StableBucketSort(
+      n, buckets, [&](int64_t i) { return bucket_of(Mix64(static_cast<uint64_t>(ids[i]))); },
+      [&](int64_t i, int64_t at) {
         by_bucket[at] = static_cast<int32_t>(i);
         bucket_ids[at] = ids[i];
-      }
-    }
-  });
+      },
+      bucket_begin, &s.chunk_offset, pfor);
 
   // 2. Each bucket alone: its unique ids (first position and count, stored from the
   //    bucket's own start), each position's local unique index, and whether it is a first.

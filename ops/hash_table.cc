@@ -201,50 +201,19 @@ int64_t HashTable::IndexCapacity() const {
 
 void HashTable::GroupByShard(const int64_t* ids, const int64_t* counts, int64_t n,
                              const ParallelFor& pfor) {
-  // A stable counting sort, chunk by chunk in parallel: each chunk counts its ids per
-  // sub-table, then writes them from its own offsets.
   Grouping& g = grouping_;
-  const int64_t chunks = std::min<int64_t>(64, std::max<int64_t>(1, n >> 14));
-  const auto chunk_begin = [n, chunks](int64_t c) { return n * c / chunks; };
-  g.chunk_offset.resize(chunks * kNumShards);
-  int64_t* offset = g.chunk_offset.data();
-  pfor(chunks, (n / chunks + 1) * 8, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) {
-      int64_t* h = offset + c * kNumShards;
-      std::fill(h, h + kNumShards, 0);
-      for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) ++h[ShardOf(ids[i])];
-    }
-  });
-  g.begin.assign(kNumShards + 1, 0);
-  int64_t at = 0;
-  for (int64_t s = 0; s < kNumShards; ++s) {
-    g.begin[s] = at;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t size = offset[c * kNumShards + s];
-      offset[c * kNumShards + s] = at;  // becomes the chunk's write offset
-      at += size;
-    }
-  }
-  g.begin[kNumShards] = at;
-  if (static_cast<int64_t>(g.order.size()) < n) {
-    g.order.resize(n);
-    g.key.resize(n);
-  }
-  if (counts && static_cast<int64_t>(g.count.size()) < n) g.count.resize(n);
-  int32_t* order = g.order.data();
-  int64_t* key = g.key.data();
-  int64_t* count = g.count.data();
-  pfor(chunks, (n / chunks + 1) * 10, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) {
-      int64_t* next = offset + c * kNumShards;
-      for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) {
-        const int64_t k = next[ShardOf(ids[i])]++;
+  g.begin.resize(kNumShards + 1);
+  int32_t* order = Sized(g.order, n);
+  int64_t* key = Sized(g.key, n);
+  int64_t* count = counts ? Sized(g.count, n) : nullptr;
+  StableBucketSort(
+      n, kNumShards, [ids](int64_t i) { return ShardOf(ids[i]); },
+      [&](int64_t i, int64_t k) {
         order[k] = static_cast<int32_t>(i);
         key[k] = ids[i];
         if (counts) count[k] = counts[i];
-      }
-    }
-  });
+      },
+      g.begin.data(), &g.chunk_offset, pfor);
 }
 
 void HashTable::InitRow(float* row, int64_t key) const {

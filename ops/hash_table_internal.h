@@ -3,6 +3,7 @@
 #ifndef GMETA_OPS_HASH_TABLE_INTERNAL_H_
 #define GMETA_OPS_HASH_TABLE_INTERNAL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -14,6 +15,56 @@ namespace gmeta {
 // Memory latency, not arithmetic, bounds hash-table work on large tables: loops prefetch
 // the home slot of the id this many positions ahead.
 constexpr int64_t kPrefetchDistance = 8;
+
+// v with at least n elements (grown, never shrunk or cleared): arrays kept between calls.
+template <typename T>
+T* Sized(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+// How many chunks a pass over n positions is cut into for ParallelFor (~16k or more each).
+inline int64_t ParallelChunks(int64_t n) {
+  return std::min<int64_t>(64, std::max<int64_t>(1, n >> 14));
+}
+
+// A stable counting sort of positions 0..n-1 by bucket_of(i) in [0, buckets), chunk by
+// chunk in parallel: each chunk counts its positions per bucket, then hands each one to
+// place(i, at) with its sorted index `at`, from the chunk's own offsets. begin receives
+// each bucket's start (buckets + 1 entries); chunk_offset is scratch the caller keeps.
+template <typename BucketOf, typename Place>
+void StableBucketSort(int64_t n, int64_t buckets, BucketOf bucket_of, Place place,
+                      int64_t* begin, std::vector<int64_t>* chunk_offset,
+                      const ParallelFor& pfor) {
+  const int64_t chunks = ParallelChunks(n);
+  const auto chunk_begin = [n, chunks](int64_t c) { return n * c / chunks; };
+  int64_t* offset = Sized(*chunk_offset, chunks * buckets);
+  pfor(chunks, (n / chunks + 1) * 10, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      int64_t* h = offset + c * buckets;
+      std::fill(h, h + buckets, 0);
+      for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) ++h[bucket_of(i)];
+    }
+  });
+  int64_t at = 0;
+  for (int64_t b = 0; b < buckets; ++b) {
+    begin[b] = at;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t size = offset[c * buckets + b];
+      offset[c * buckets + b] = at;  // becomes the chunk's write offset in the bucket
+      at += size;
+    }
+  }
+  begin[buckets] = at;
+  pfor(chunks, (n / chunks + 1) * 10, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      int64_t* next = offset + c * buckets;
+      for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) {
+        place(i, next[bucket_of(i)]++);
+      }
+    }
+  });
+}
 
 inline int64_t NextPow2(int64_t x) {
   int64_t p = 1;
