@@ -200,8 +200,11 @@ class TrainConfig:
     ``select_metric`` ("auto": AUC of the binary label; nDCG is nDCG@``eval.ndcg_k``).
     Each model's best step so far is checkpointed and kept; ``gmeta eval`` and ``gmeta
     export`` restore it. With ``patience`` > 0 training stops once no model has improved
-    for that many evaluations. ``resplit`` draws training tasks' support and query rows
-    anew each epoch. ``baseline_learning_rate`` (default ``learning_rate``) is the
+    for that many evaluations. ``valid_resplits`` (task data) scores every validation task
+    under that many splits of its rows: the protocol's, then seeded resplits with the same
+    number of query rows, fixed for the run; each metric is the mean over them, so the
+    choice rests on more of the validation tasks' rows than one split's query rows.
+    ``resplit`` draws training tasks' support and query rows anew each epoch. ``baseline_learning_rate`` (default ``learning_rate``) is the
     baseline's own rate. ``pretrain_steps``: the meta model's first this many steps train
     its unadapted predictions on every row of the step's tasks (the baseline's objective),
     then meta-training starts from those weights (pre-training then meta-training, as in
@@ -218,6 +221,7 @@ class TrainConfig:
     eval_every: int = field(0, min=0)
     eval_batches: int | None = field(None, min=1)
     validation_split: str = "valid"
+    valid_resplits: int = field(1, min=1)
     select_metric: Literal["auto", "auc", "ndcg", "logloss", "mae"] = "auto"
     patience: int = field(0, min=0)
     resplit: bool = True

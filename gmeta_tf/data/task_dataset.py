@@ -149,14 +149,17 @@ class TaskDataset:
             e += 1
 
     def _run(self, batcher: TaskBatcher | RowBatcher, epochs: int | None, shuffle_seed: int | None,
-             window_blocks: int, limit: int | None) -> Iterator[dict]:
+             window_blocks: int, limit: int | None, split_seed: int | None = None
+             ) -> Iterator[dict]:
         for epoch in self._epochs(epochs):
             rng = (np.random.default_rng([shuffle_seed, epoch, self.rank, 1])
                    if shuffle_seed is not None else None)
+            split_rng = (np.random.default_rng([split_seed, epoch, self.rank, 2])
+                         if split_seed is not None else rng)
             emitted, in_window = 0, 0
             blocks = self._block_order(epoch, shuffle_seed)
             for i, (block, cols) in enumerate(self._loaded_blocks(blocks)):
-                batcher.add_block(cols, block.path, rng)
+                batcher.add_block(cols, block.path, split_rng)
                 in_window += 1
                 last = i == len(blocks) - 1
                 if in_window >= window_blocks or last:
@@ -186,7 +189,8 @@ class TaskDataset:
               shuffle_seed: int | None = None, epochs: int | None = 1, min_support: int = 1,
               min_query: int = 1, on_bad_task: str = "error", ragged: bool = False,
               equal_steps: bool | None = None, window_blocks: int = 4,
-              prefetch: int = 2, resplit: bool = False) -> tf.data.Dataset:
+              prefetch: int = 2, resplit: bool = False,
+              resplit_seed: int | None = None) -> tf.data.Dataset:
         """Batches of ``tasks_per_batch`` whole tasks split into support and query.
 
         Args:
@@ -209,6 +213,9 @@ class TaskDataset:
             resplit: With ``shuffle_seed``, draw every task's support and query rows anew
                 each epoch (as many query rows as the file's split has; training tasks),
                 instead of the file's fixed split (evaluation tasks keep it).
+            resplit_seed: Draw every task's support and query rows with this seed (as
+                ``resplit`` does, the same number of query rows) while tasks and blocks
+                keep file order: evaluation tasks scored under another split of their rows.
 
         Returns:
             A ``tf.data.Dataset`` of batch dicts (layout in the package docstring).
@@ -216,9 +223,11 @@ class TaskDataset:
         equal_steps = self.size > 1 if equal_steps is None else equal_steps
         limit = self.steps_per_epoch(tasks_per_batch) if equal_steps else None
         make = lambda: TaskBatcher(self.features, tasks_per_batch, support, query,  # noqa: E731
-                                   min_support, min_query, on_bad_task, resplit)
+                                   min_support, min_query, on_bad_task,
+                                   resplit or resplit_seed is not None)
         signature = self._task_signature(support, query)
-        ds = _batches_dataset(lambda: self._run(make(), epochs, shuffle_seed, window_blocks, limit),
+        ds = _batches_dataset(lambda: self._run(make(), epochs, shuffle_seed, window_blocks, limit,
+                                                resplit_seed),
                               signature)
         if ragged:
             ds = ds.map(_to_ragged, num_parallel_calls=tf.data.AUTOTUNE)

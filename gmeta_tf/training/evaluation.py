@@ -216,20 +216,32 @@ class Validator:
             self.predictors["model"] = row_predict(models.model)
         self._batches: list | None = None
 
-    def _load(self) -> list:
+    def _load(self) -> list[list[tuple[Mapping, bool]]]:
+        """The validation batches of every split of the tasks (``train.valid_resplits``):
+        per split, ``(batch, real)`` pairs, padded to the same count on every rank."""
         split, limit = self.config.train.validation_split, self.config.train.eval_batches
         dataset = split_dataset(self.config, split)
-        if self.tasks:
-            ds = dataset.tasks(self.config.eval.tasks_per_batch, None, None, equal_steps=False)
-        else:
-            ds = dataset.rows(self.config.data.batch_size)
-        batches = list(ds.take(limit) if limit else ds)
-        count = int(distributed.allgather(np.array([len(batches)], np.int64)).max())
-        if count and not batches:
-            raise ValueError(f"{dataset.path}: rank {dataset.rank} has no rows of the "
-                             f"{split!r} split while another rank has; the split has too few "
-                             f"blocks for {dataset.size} ranks")
-        return [(b, True) for b in batches] + [(batches[-1], False)] * (count - len(batches))
+        splits = []
+        for resplit in range(self.config.train.valid_resplits if self.tasks else 1):
+            if not self.tasks:
+                ds = dataset.rows(self.config.data.batch_size)
+            elif resplit == 0:  # the protocol's split, as cold tasks have it
+                ds = dataset.tasks(self.config.eval.tasks_per_batch, None, None,
+                                   equal_steps=False)
+            else:  # the same tasks, their rows split again (the same query count), seeded
+                seed = int(np.random.SeedSequence([self.config.data.seed, resplit])
+                           .generate_state(1)[0])
+                ds = dataset.tasks(self.config.eval.tasks_per_batch, None, None,
+                                   equal_steps=False, resplit_seed=seed)
+            batches = list(ds.take(limit) if limit else ds)
+            count = int(distributed.allgather(np.array([len(batches)], np.int64)).max())
+            if count and not batches:
+                raise ValueError(f"{dataset.path}: rank {dataset.rank} has no rows of the "
+                                 f"{split!r} split while another rank has; the split has too "
+                                 f"few blocks for {dataset.size} ranks")
+            splits.append([(b, True) for b in batches]
+                          + [(batches[-1], False)] * (count - len(batches)))
+        return splits
 
     def __call__(self) -> dict[str, dict[str, float]]:
         if self._batches is None:  # read once: the split does not change during training
@@ -237,12 +249,28 @@ class Validator:
         score = score_tasks if self.tasks else score_rows
         out = {}
         for name, predict in self.predictors.items():
-            parts = [score(predict, [batch], self.labels) for batch, _ in self._batches]
-            kept = ScoredRows.concat([p for p, (_, real) in zip(parts, self._batches) if real])
-            scored = kept.gathered()
-            if len(scored.prediction):
-                out[name] = report(scored, self.kind, self.k, self.tasks).overall
+            reports = []
+            for batches in self._batches:
+                parts = [score(predict, [batch], self.labels) for batch, _ in batches]
+                kept = ScoredRows.concat([p for p, (_, real) in zip(parts, batches) if real])
+                scored = kept.gathered()
+                if len(scored.prediction):
+                    reports.append(report(scored, self.kind, self.k, self.tasks).overall)
+            if reports:
+                out[name] = mean_over_splits(reports)
         return out
+
+
+def mean_over_splits(reports: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the reports of several splits of the same tasks; ``tasks``
+    as one split has them, ``rows`` the rows scored in all of them."""
+    merged = {k: float(np.mean([r[k] for r in reports])) for k in reports[0]
+              if k not in ("tasks", "rows")}
+    if "tasks" in reports[0]:
+        merged["tasks"] = reports[0]["tasks"]
+    if "rows" in reports[0]:
+        merged["rows"] = float(sum(r["rows"] for r in reports))
+    return merged
 
 
 # ---- final evaluation (gmeta eval) -------------------------------------------------------

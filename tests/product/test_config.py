@@ -57,6 +57,8 @@ def test_overrides_change_typed_values(tmp_path):
                                 "integer >= 0"),
     ("train.pretrain_steps=-5", "'train.pretrain_steps' = -5 is not allowed: expected an "
                                 "integer >= 0"),
+    ("train.valid_resplits=0", "'train.valid_resplits' = 0 is not allowed: expected an "
+                               "integer >= 1"),
 ])
 def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:

@@ -255,3 +255,57 @@ def test_gmeta_tune_gives_both_contenders_the_same_trials_and_writes_tuned_setti
     finally:
         logging.getLogger("gmeta_tf.training.trainer").removeHandler(handler)
     assert any("were tuned at 2 rank(s) and train at 1" in w for w in warnings), warnings
+
+
+def test_validation_scores_each_task_under_several_splits_of_its_rows(tiny_data, tmp_path):
+    """``train.valid_resplits``: split 0 is the protocol's (what one split scores), the
+    others hold the same tasks in the same order, each with the same rows and the same
+    number of query rows but other query rows; each metric is the mean over the splits."""
+    import numpy as np
+
+    from gmeta_tf.training.evaluation import Validator, report, score_tasks
+    from gmeta_tf.training.model_builder import build_models
+
+    def rows_of(batches, role):
+        out = []
+        for batch, real in batches:
+            assert real
+            part = batch[role]
+            names = sorted(k for k in part if k != "mask")
+            mask = np.asarray(part["mask"]) > 0
+            for t, task in enumerate(np.asarray(batch["task_id"])):
+                rows = zip(*(np.asarray(part[n])[t][mask[t]].reshape(int(mask[t].sum()), -1)
+                             .tolist() for n in names))
+                out.append((int(task), sorted(map(str, rows))))
+        return out
+
+    overrides = tiny_overrides(tmp_path, tiny_data) + ["train.eval_batches=2"]
+    config = load_config("default", overrides + ["train.valid_resplits=3"])
+    models = build_models(config)
+    validator = Validator(models, config)
+    splits = validator._load()
+    protocol = Validator(models, load_config("default", overrides))._load()
+    assert len(splits) == 3 and len(protocol) == 1
+    assert rows_of(splits[0], "query") == rows_of(protocol[0], "query")
+    first_query = rows_of(splits[0], "query")
+    first_all = [(t, sorted(q + s)) for (t, q), (_, s)
+                 in zip(first_query, rows_of(splits[0], "support"))]
+    for other in splits[1:]:
+        query = rows_of(other, "query")
+        assert [t for t, _ in query] == [t for t, _ in first_query]
+        assert [len(q) for _, q in query] == [len(q) for _, q in first_query]
+        assert [(t, sorted(q + s)) for (t, q), (_, s)
+                in zip(query, rows_of(other, "support"))] == first_all
+        assert sum(q != f for (_, q), (_, f) in zip(query, first_query)) > len(query) // 2
+    assert rows_of(splits[1], "query") != rows_of(splits[2], "query")
+
+    results = validator()
+    assert set(results) == {"model", "baseline"}
+    predict = validator.predictors["model"]
+    per_split = [report(score_tasks(predict, [b for b, _ in batches], validator.labels),
+                        validator.kind, validator.k).overall for batches in splits]
+    for metric in ("auc", "logloss"):
+        assert results["model"][metric] == pytest.approx(
+            np.mean([r[metric] for r in per_split]), rel=1e-6)
+    assert results["model"]["tasks"] == per_split[0]["tasks"]
+    assert results["model"]["rows"] == sum(r["rows"] for r in per_split)
