@@ -204,11 +204,12 @@ class TrainConfig:
     under that many splits of its rows: the protocol's, then seeded resplits with the same
     number of query rows, fixed for the run; each metric is the mean over them, so the
     choice rests on more of the validation tasks' rows than one split's query rows.
-    ``resplit`` draws training tasks' support and query rows anew each epoch. ``baseline_learning_rate`` (default ``learning_rate``) is the
-    baseline's own rate. ``pretrain_steps``: the meta model's first this many steps train
-    its unadapted predictions on every row of the step's tasks (the baseline's objective),
-    then meta-training starts from those weights (pre-training then meta-training, as in
-    Chen et al. 2021, "Meta-Baseline"); validation scores it throughout, and ``patience``
+    ``resplit`` draws training tasks' support and query rows anew each epoch.
+    ``baseline_learning_rate`` (default ``learning_rate``) is the baseline's own rate.
+    ``pretrain_steps``: the meta model's first this many steps train its unadapted
+    predictions on every row of the step's tasks (the baseline's objective), then
+    meta-training starts from those weights (pre-training then meta-training, as in Chen
+    et al. 2021, "Meta-Baseline"); validation scores it throughout, and ``patience``
     counts from the end of pre-training.
     """
 

@@ -269,7 +269,7 @@ def mean_over_splits(reports: list[dict[str, float]]) -> dict[str, float]:
     if "tasks" in reports[0]:
         merged["tasks"] = reports[0]["tasks"]
     if "rows" in reports[0]:
-        merged["rows"] = float(sum(r["rows"] for r in reports))
+        merged["rows"] = sum(r["rows"] for r in reports)
     return merged
 
 
