@@ -41,11 +41,14 @@ class Selection:
         patience: Evaluations without any model improving before training stops (0: never).
         patience_from: Evaluations at steps up to this one do not count toward patience
             (the meta model's pre-training steps).
+        protocol: How validation scores (``validation_protocol``): values measured under
+            another protocol are not compared with these.
     """
 
     metric: str
     patience: int = 0
     patience_from: int = 0
+    protocol: dict = dataclasses.field(default_factory=dict)
     best: dict[str, Best] = dataclasses.field(default_factory=dict)
     stale: int = 0
     history: list[dict] = dataclasses.field(default_factory=list)
@@ -75,7 +78,8 @@ class Selection:
         return {b.step for b in self.best.values()}
 
     def to_dict(self) -> dict:
-        return {"metric": self.metric, "patience": self.patience, "stale": self.stale,
+        return {"metric": self.metric, "protocol": self.protocol,
+                "patience": self.patience, "stale": self.stale,
                 "best": {n: dataclasses.asdict(b) for n, b in self.best.items()},
                 "history": self.history}
 
@@ -88,11 +92,13 @@ class Selection:
 
     @classmethod
     def load(cls, checkpoint_dir: str | Path, metric: str, patience: int,
-             up_to_step: int | None = None, patience_from: int = 0) -> "Selection":
+             up_to_step: int | None = None, patience_from: int = 0,
+             protocol: dict | None = None) -> "Selection":
         """The selection saved in ``checkpoint_dir`` (a fresh one if none, or if it chose
-        on another metric), replayed up to ``up_to_step`` (a resumed run forgets the
-        evaluations after the checkpoint it restarts from)."""
-        selection = cls(metric, patience, patience_from)
+        on another metric or validation protocol), replayed up to ``up_to_step`` (a
+        resumed run forgets the evaluations after the checkpoint it restarts from)."""
+        protocol = dict(protocol or {})
+        selection = cls(metric, patience, patience_from, protocol)
         path = Path(checkpoint_dir) / BEST_FILE
         if not path.is_file():
             return selection
@@ -100,6 +106,7 @@ class Selection:
             saved = json.loads(path.read_text())
             history = list(saved["history"])
             saved_metric = saved["metric"]
+            saved_protocol = dict(saved.get("protocol", {}))
         except (OSError, ValueError, KeyError, TypeError) as err:
             log.warning("%s is unreadable (%s): choosing best checkpoints anew", path, err)
             return selection
@@ -107,11 +114,32 @@ class Selection:
             log.warning("%s chose on %s, this run on %s: choosing best checkpoints anew",
                         path, saved_metric, metric)
             return selection
+        was = {**protocol, **LEGACY_PROTOCOL, **saved_protocol}  # keys it lacks: as now
+        if protocol and was != protocol:
+            log.warning("%s chose under validation %s, this run validates under %s: its "
+                        "values are not comparable; choosing best checkpoints anew", path,
+                        _shown(was), _shown(protocol))
+            return selection
         for entry in history:
             if up_to_step is not None and entry.get("step", 0) > up_to_step:
                 break
             selection.update(entry["step"], {k: v for k, v in entry.items() if k != "step"})
         return selection
+
+
+def validation_protocol(split: str, resplits: int) -> dict:
+    """What a validation value depends on besides the model: the split scored and how
+    many splits of each task's rows it averages (``train.valid_resplits``)."""
+    return {"split": split, "resplits": resplits}
+
+
+#: What a ``BEST.json`` written before it recorded its protocol validated under: one split
+#: of each task's rows (the split scored was not recorded; it is taken to be this run's).
+LEGACY_PROTOCOL = {"resplits": 1}
+
+
+def _shown(protocol: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(protocol.items()))
 
 
 def best_checkpoints(checkpoint_dir: str | Path) -> dict[str, dict]:

@@ -60,7 +60,7 @@ from gmeta_tf.training.devices import configure_devices
 from gmeta_tf.training.evaluation import Validator, selection_metric
 from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
 from gmeta_tf.training.progress import ProgressBar
-from gmeta_tf.training.selection import Selection
+from gmeta_tf.training.selection import Selection, validation_protocol
 from gmeta_tf.training.rank_agreement import on_all_ranks
 
 log = logging.getLogger(__name__)
@@ -325,9 +325,11 @@ class Trainer:
         self._write_config()
         batches = self._batches(start, models.is_meta)
         patience_from = t.pretrain_steps if models.is_meta else 0
+        protocol = validation_protocol(t.validation_split, t.valid_resplits)
         selection = Selection.load(self.ckpt_dir, selection_metric(config), t.patience,
-                                   up_to_step=start, patience_from=patience_from) if start else \
-            Selection(selection_metric(config), t.patience, patience_from)
+                                   up_to_step=start, patience_from=patience_from,
+                                   protocol=protocol) if start else \
+            Selection(selection_metric(config), t.patience, patience_from, protocol)
         tensorboard = _Scalars(config.tensorboard_dir if self.rank == 0 else None)
         bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
         self._cache_base = self._cache_totals(models)

@@ -14,7 +14,7 @@ from gmeta_tf import checkpoint
 from gmeta_tf.config import load_config
 from gmeta_tf.training import Trainer
 from gmeta_tf.training.cold_start import evaluate_pipeline, restore_models
-from gmeta_tf.training.selection import Selection
+from gmeta_tf.training.selection import Selection, validation_protocol
 from tests.product.conftest import tiny_overrides
 
 
@@ -35,6 +35,27 @@ def test_selection_keeps_each_models_best_and_counts_patience(tmp_path):
     lower = Selection("mae")
     lower.update(1, {"model": {"mae": 0.9}})
     assert lower.update(2, {"model": {"mae": 0.8}}) == ["model"]
+
+
+def test_a_resume_validating_under_another_protocol_chooses_anew(tmp_path, caplog):
+    """Values averaged over 4 splits of each task's rows, or scored on another split, are
+    not compared with the saved ones: the resumed run chooses its best checkpoints anew."""
+    four = validation_protocol("valid", 4)
+    s = Selection("auc", patience=2, protocol=four)
+    s.update(1, {"model": {"auc": 0.7}})
+    s.save(tmp_path)
+    assert Selection.load(tmp_path, "auc", 2, protocol=four).best["model"].step == 1
+    with caplog.at_level(logging.WARNING):
+        one = validation_protocol("valid", 1)
+        assert Selection.load(tmp_path, "auc", 2, protocol=one).best == {}
+    assert "resplits 4, split valid" in caplog.text and "resplits 1, split valid" in caplog.text
+    assert Selection.load(tmp_path, "auc", 2, protocol=validation_protocol("other", 4)).best == {}
+    # A BEST.json from before the protocol was recorded: it validated under one split.
+    legacy = json.loads((tmp_path / "BEST.json").read_text())
+    del legacy["protocol"]
+    (tmp_path / "BEST.json").write_text(json.dumps(legacy))
+    assert Selection.load(tmp_path, "auc", 2, protocol=one).best["model"].step == 1
+    assert Selection.load(tmp_path, "auc", 2, protocol=four).best == {}
 
 
 def test_evaluations_during_pretraining_do_not_count_toward_patience(tmp_path):
