@@ -110,15 +110,13 @@ class Selection:
         except (OSError, ValueError, KeyError, TypeError) as err:
             log.warning("%s is unreadable (%s): choosing best checkpoints anew", path, err)
             return selection
-        if saved_metric != metric:
-            log.warning("%s chose on %s, this run on %s: choosing best checkpoints anew",
-                        path, saved_metric, metric)
-            return selection
-        was = {**protocol, **LEGACY_PROTOCOL, **saved_protocol}  # keys it lacks: as now
-        if protocol and was != protocol:
-            log.warning("%s chose under validation %s, this run validates under %s: its "
-                        "values are not comparable; choosing best checkpoints anew", path,
-                        _shown(was), _shown(protocol))
+        now = {"metric": metric, **protocol}
+        saved_by = {**LEGACY_PROTOCOL, **saved_protocol, "metric": saved_metric}
+        was = {k: saved_by.get(k, v) for k, v in now.items()}  # keys it lacks: as now
+        if was != now:
+            log.warning("%s chose on validation by %s, this run validates by %s: its values "
+                        "do not compare; choosing best checkpoints anew", path, _shown(was),
+                        _shown(now))
             return selection
         for entry in history:
             if up_to_step is not None and entry.get("step", 0) > up_to_step:
