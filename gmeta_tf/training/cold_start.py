@@ -88,8 +88,18 @@ def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:
     if restored is None:
         raise ConfigError(f"config key 'run_dir' = {config.run_dir!r}: no checkpoint under "
                           f"{root}; run 'gmeta train' first")
-    return models, {"step": restored.step, "world_size": restored.world_size,
-                    "directory": str(restored.directory)}
+    info = {"step": restored.step, "world_size": restored.world_size,
+            "directory": str(restored.directory)}
+    other = chosen.get("baseline")
+    if models.baseline is not None and other:
+        # The model was never validated (its loss was not finite before its first
+        # validation) while the baseline trained on: it still gets its own best.
+        log.warning("the model has no checkpoint chosen on validation: it is restored from "
+                    "the newest one, step %d; the baseline from its best, step %d (%s %.4f)",
+                    restored.step, other["step"], best["metric"], other["value"])
+        models.baseline = _restore(config, root / f"ckpt-{other['step']}")[0].baseline
+        info["chosen"] = {"baseline": {"step": other["step"], best["metric"]: other["value"]}}
+    return models, info
 
 
 def evaluate_pipeline(config: PipelineConfig, path: str | None = None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 import tensorflow as tf
@@ -243,12 +243,15 @@ class Validator:
                           + [(batches[-1], False)] * (count - len(batches)))
         return splits
 
-    def __call__(self) -> dict[str, dict[str, float]]:
+    def __call__(self, skip: Collection[str] = ()) -> dict[str, dict[str, float]]:
+        """Every model's metrics but those of the models in ``skip``."""
         if self._batches is None:  # read once: the split does not change during training
             self._batches = self._load()
         score = score_tasks if self.tasks else score_rows
         out = {}
         for name, predict in self.predictors.items():
+            if name in skip:
+                continue
             reports = []
             for batches in self._batches:
                 parts = [score(predict, [batch], self.labels) for batch, _ in batches]

@@ -45,6 +45,11 @@ class Models:
     def is_meta(self) -> bool:
         return isinstance(self.model, MetaModel)
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The trained models as validation and checkpoints name them."""
+        return ("model",) if self.baseline is None else ("model", "baseline")
+
 
 def dataset_schema(config: PipelineConfig) -> meta_io.Schema:
     """The schema of the config's dataset (it must exist: see ``prepare_dataset``)."""

@@ -7,8 +7,11 @@ Training tasks' support and query rows are drawn anew each epoch (``train.respli
 Every ``train.eval_every`` steps each model is scored on the validation split; its best
 step is checkpointed and kept (``gmeta_tf.training.selection``), and with
 ``train.patience`` training stops when no model has improved for that many evaluations
-(counted from the end of ``train.pretrain_steps``); a loss that is not finite stops it at
-the next log or validation step. Rank 0 draws the progress bar and writes TensorBoard
+(counted from the end of ``train.pretrain_steps``). A model whose loss is not finite
+stops training at the next log or validation step and keeps its best checkpoint, while
+the other trains on (a diverging meta model does not cut the baseline's run short, nor
+the reverse: in ``gmeta tune`` each trial's two models get their full run); when no model
+is left, training stops. Rank 0 draws the progress bar and writes TensorBoard
 scalars; figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are
 summed or averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
 table shards) are written every ``train.checkpoint_every`` steps and at the end;
@@ -44,7 +47,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -94,6 +97,8 @@ class TrainResult:
     best: dict[str, dict] = dataclasses.field(default_factory=dict)
     #: The step early stopping ended the run at (None: it ran to ``train.steps``).
     stopped_early_at: int | None = None
+    #: Per model whose loss was found not finite: the step it stopped training at.
+    diverged_at: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def samples_per_sec(self) -> float:
@@ -126,6 +131,7 @@ class Trainer:
         self.ckpt_dir = Path(config.checkpoint_dir)
         self._cache_base: dict[str, dict[str, float]] = {}  # cache counters at the last report
         self._validator: Validator | None = None
+        self._halted: dict[str, int] = {}  # model -> the step its loss was found not finite
         self._aside: Path | None = None  # --fresh: the earlier checkpoints, until replaced
 
     # -- set-up --------------------------------------------------------------------------
@@ -216,13 +222,16 @@ class Trainer:
         # world size takes from start_step on.
         return iter(batches.skip(start_step))
 
-    def _step_function(self, models: Models):
-        model, baseline = models.model, models.baseline
+    def _step_function(self, models: Models, halted: frozenset = frozenset()):
+        """One training step of every model not in ``halted`` (diverged models)."""
+        model = models.model
+        baseline = models.baseline if "baseline" not in halted else None
+        trains_model = "model" not in halted
 
         def make_step(model_step):
             @tf.function(reduce_retracing=True)
             def step(batch):
-                out = model_step(batch)
+                out = model_step(batch) if trains_model else {}
                 if baseline is not None:
                     out["baseline_loss"] = baseline.train_step(task_rows(batch))["loss"]
                 return out
@@ -243,10 +252,15 @@ class Trainer:
         return lambda step, batch: (pretrain_step if step <= pretrain else meta_step)(batch)
 
     def _sync_steps(self, models: Models, meter: "_Meter"):
-        """Trains steps ``done+1..stop`` one by one (the plain synchronous step)."""
-        step_fn = self._step_function(models)
+        """Trains steps ``done+1..stop`` one by one (the plain synchronous step), each model
+        that has not diverged."""
+        step_fns: dict[frozenset, Callable] = {}
 
         def train(batches: Iterator[dict], done: int, stop: int) -> dict:
+            halted = frozenset(self._halted)
+            if halted not in step_fns:
+                step_fns[halted] = self._step_function(models, halted)
+            step_fn = step_fns[halted]
             out = {}
             for step in range(done + 1, stop + 1):
                 batch = next(batches)
@@ -363,13 +377,26 @@ class Trainer:
             if logs:
                 self._report(step, out, models, meter, bar, tensorboard, hybrid)
             with meter.paused():  # samples/s counts training time only
-                diverged = self._diverged(out) if logs or validates else []
+                diverged = self._diverged(out) if logs or validates else {}
+                diverged = {n: loss for n, loss in diverged.items() if n not in self._halted}
                 if diverged:
-                    log.warning("step %d: not finite: the %s (training diverged); training "
-                                "stops here and each model keeps its best checkpoint on "
-                                "validation", step, " and the ".join(diverged))
-                    stopped = step
-                    break
+                    self._halted.update({n: step for n in diverged})
+                    running = [n for n in models.names if n not in self._halted]
+                    what = " and the ".join(diverged.values())
+                    if running and not self._rewind(models, list(diverged), selection):
+                        running = []  # a diverged model has no finite weights to keep
+                    if not running:
+                        log.warning("step %d: not finite: the %s (training diverged); training "
+                                    "stops here and each model keeps its best checkpoint on "
+                                    "validation", step, what)
+                        stopped = step
+                        break
+                    log.warning("step %d: not finite: the %s (training diverged); the %s "
+                                "stops training here, put back to its best checkpoint on "
+                                "validation (step %s); the %s trains on", step, what,
+                                " and the ".join(diverged),
+                                ", ".join(str(selection.best[n].step) for n in diverged),
+                                " and the ".join(running))
                 improved = []
                 if validates:
                     eval_metrics, improved = self._validate(step, models, tensorboard,
@@ -392,14 +419,37 @@ class Trainer:
         tensorboard.close()
         return result
 
-    def _diverged(self, out: dict) -> list[str]:
-        """The losses that are NaN or infinite on any rank (a collective: call it at the
-        same steps on every rank)."""
+    def _rewind(self, models: Models, names: list[str], selection: Selection) -> bool:
+        """Puts each named (diverged) model and its optimizer back to its best checkpoint on
+        validation, in place, so the run's later checkpoints hold finite weights for it
+        while the other model trains on. False, changing nothing, when one has no best
+        checkpoint yet (it diverged before its first validation)."""
+        if any(n not in selection.best for n in names):
+            log.warning("the %s diverged before its first validation: it has no checkpoint to "
+                        "keep", " and the ".join(n for n in names if n not in selection.best))
+            return False
+        for name in names:
+            state, optimizer = tf.Module(name="state"), tf.Module(name="optimizers")
+            setattr(state, name, getattr(models.state, name))
+            setattr(optimizer, name, getattr(models.optimizers, name))
+            checkpoint.restore(self.ckpt_dir / f"ckpt-{selection.best[name].step}", state,
+                               optimizer)
+        return True
+
+    def _diverged(self, out: dict) -> dict[str, str]:
+        """The models ("model", "baseline") with a loss that is NaN or infinite on any rank,
+        each with the losses named (a collective: call it at the same steps on every
+        rank)."""
         names = sorted(k for k in out if k.endswith("loss"))
         bad = np.array([0.0 if np.isfinite(float(out[k])) else 1.0 for k in names])
         total = distributed.sum_over_ranks(bad) if names else bad
         labels = {"loss": "model's loss", "baseline_loss": "baseline's loss"}
-        return [labels.get(n, n) for n, b in zip(names, total) if b > 0]
+        diverged: dict[str, list[str]] = {}
+        for n, b in zip(names, total):
+            if b > 0:
+                model = "baseline" if n.startswith("baseline") else "model"
+                diverged.setdefault(model, []).append(labels.get(n, n))
+        return {m: " and the ".join(losses) for m, losses in diverged.items()}
 
     def _report(self, step: int, out: dict, models: Models, meter: "_Meter", bar: ProgressBar,
                 tensorboard: "_Scalars", hybrid: HybridTrainer | None = None) -> None:
@@ -478,7 +528,7 @@ class Trainer:
         split = self.config.train.validation_split
         if self._validator is None:
             self._validator = Validator(models, self.config)
-        results = self._validator()
+        results = self._validator(skip=self._halted)
         if not results:
             log.warning("step %d validation: the %s split has no rows; nothing scored",
                         step, split)
@@ -494,8 +544,9 @@ class Trainer:
             parts.append(f"{name}: {shown} ({mark})")
             tensorboard.write(step, {f"validation/{name}/{k}": v for k, v in metrics.items()})
         main = results.get("model", {})
+        shown = main or next(iter(results.values()))
         log.info("step %d validation (%s split, %d tasks, %d rows) on %s: %s", step, split,
-                 int(main.get("tasks", 0)), int(main.get("rows", 0)), selection.metric,
+                 int(shown.get("tasks", 0)), int(shown.get("rows", 0)), selection.metric,
                  "; ".join(parts))
         if self.rank == 0:
             selection.save(self.ckpt_dir)
@@ -547,7 +598,7 @@ class Trainer:
                              self._staleness(hybrid) if hybrid is not None else None,
                              self._cache_totals(models),
                              {n: dataclasses.asdict(b) for n, b in selection.best.items()},
-                             stopped)
+                             stopped, dict(self._halted))
         if self.rank == 0:
             summary = {**dataclasses.asdict(result), "samples_per_sec": result.samples_per_sec}
             Path(self.config.run_dir, SUMMARY_FILE).write_text(json.dumps(summary, indent=1))

@@ -150,8 +150,8 @@ def test_patience_counts_from_the_end_of_pretraining(tiny_data, tmp_path):
 
 def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
         tiny_data, tmp_path, monkeypatch, caplog):
-    """Once a model's loss is NaN the run stops at the next log or validation step with a
-    warning naming it, and eval restores the best checkpoints from before."""
+    """Once every model's loss is NaN the run stops at the next log or validation step with
+    a warning naming them, and eval restores the best checkpoints from before."""
     import numpy as np
 
     real = Trainer._sync_steps
@@ -161,7 +161,8 @@ def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
 
         def step(batches, done, stop):
             out = train(batches, done, stop)
-            return {**out, "loss": np.float32("nan")} if stop > 8 else out
+            nan = np.float32("nan")
+            return {**out, "loss": nan, "baseline_loss": nan} if stop > 8 else out
         return step
 
     monkeypatch.setattr(Trainer, "_sync_steps", poisoned)
@@ -170,11 +171,75 @@ def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
     with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
         result = Trainer(config, fresh=True).run()
     assert result.stopped_early_at == 10
-    assert "step 10: not finite: the model's loss (training diverged)" in caplog.text
+    assert result.diverged_at == {"model": 10, "baseline": 10}
+    assert ("step 10: not finite: the baseline's loss and the model's loss (training "
+            "diverged); training stops here") in caplog.text
     best = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())["best"]
     assert set(best) == {"model", "baseline"} and best["model"]["step"] <= 8
     _, info = restore_models(config)
     assert info["chosen"]["model"]["step"] == best["model"]["step"]
+
+
+def test_a_diverged_model_stops_while_the_other_trains_on(tiny_data, tmp_path, caplog):
+    """A meta model whose outer rate makes its loss truly not finite stops training: it is
+    put back to its best checkpoint (so every later checkpoint is finite and restorable)
+    and no longer validated, while the baseline (its own rate) trains and is validated on;
+    its run is not cut short by the other's divergence."""
+    import numpy as np
+
+    from gmeta_tf.training.model_builder import build_models
+
+    overrides = tiny_overrides(tmp_path, tiny_data, steps=12) + [
+        "train.eval_every=1", "train.log_every=1", "train.patience=0",
+        "train.learning_rate=1000000000000.0", "train.baseline_learning_rate=0.01"]
+    config = load_config("default", overrides)
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
+        result = Trainer(config, fresh=True).run()
+    assert set(result.diverged_at) == {"model"} and result.stopped_early_at is None
+    diverged = result.diverged_at["model"]
+    saved = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())
+    best = {n: b["step"] for n, b in saved["best"].items()}
+    assert best["model"] < diverged < 12
+    warning = [r.getMessage() for r in caplog.records if "not finite" in r.getMessage()]
+    assert len(warning) == 1 and warning[0].startswith(
+        f"step {diverged}: not finite: the model's loss")
+    assert warning[0].endswith(
+        f"(training diverged); the model stops training here, put back to its best "
+        f"checkpoint on validation (step {best['model']}); the baseline trains on")
+    validated = {n: [h["step"] for h in saved["history"] if n in h] for n in ("model", "baseline")}
+    assert validated["baseline"] == list(range(1, 13))
+    assert validated["model"] == list(range(1, diverged))
+
+    def weights(directory):
+        models = build_models(config)
+        checkpoint.restore(directory, models.state, models.optimizers)
+        return ([v.numpy() for v in models.model.tower.trainable_variables],
+                [v.numpy() for v in models.baseline.tower.trainable_variables])
+
+    last_model, last_baseline = weights(checkpoint.latest(config.checkpoint_dir))
+    best_model, _ = weights(Path(config.checkpoint_dir, f"ckpt-{best['model']}"))
+    for a, b in zip(last_model, best_model):
+        np.testing.assert_array_equal(a, b)
+    assert all(np.isfinite(w).all() for w in last_model + last_baseline)
+    _, info = restore_models(config)
+    assert {n: c["step"] for n, c in info["chosen"].items()} == best
+
+
+def test_a_model_diverging_before_its_first_validation_stops_the_run(tiny_data, tmp_path,
+                                                                     caplog):
+    """With nothing to go back to, a diverged model stops the whole run, as it always did."""
+    overrides = tiny_overrides(tmp_path, tiny_data, steps=12) + [
+        "train.eval_every=4", "train.log_every=1",
+        "train.learning_rate=1000000000000.0", "train.baseline_learning_rate=0.01"]
+    config = load_config("default", overrides)
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
+        result = Trainer(config, fresh=True).run()
+    diverged = result.diverged_at["model"]
+    assert diverged < 4 and result.stopped_early_at == diverged
+    assert "the model diverged before its first validation: it has no checkpoint to keep" \
+        in caplog.text
+    assert f"step {diverged}: not finite: the model's loss" in caplog.text
+    assert "training stops here and each model keeps its best checkpoint" in caplog.text
 
 
 def test_eval_restores_each_models_best_checkpoint(stopped_run):
