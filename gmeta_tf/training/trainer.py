@@ -8,10 +8,10 @@ Every ``train.eval_every`` steps each model is scored on the validation split; i
 step is checkpointed and kept (``gmeta_tf.training.selection``), and with
 ``train.patience`` training stops when no model has improved for that many evaluations
 (counted from the end of ``train.pretrain_steps``). A model whose loss is not finite
-stops training at the next log or validation step and keeps its best checkpoint, while
+stops training at the next log or validation step, put back to its best checkpoint, while
 the other trains on (a diverging meta model does not cut the baseline's run short, nor
 the reverse: in ``gmeta tune`` each trial's two models get their full run); when no model
-is left, training stops. Rank 0 draws the progress bar and writes TensorBoard
+is left, or the diverged one has no best checkpoint yet, training stops. Rank 0 draws the progress bar and writes TensorBoard
 scalars; figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are
 summed or averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
 table shards) are written every ``train.checkpoint_every`` steps and at the end;
