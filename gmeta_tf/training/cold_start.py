@@ -75,30 +75,29 @@ def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:
         models, manifest = _restore(config, root / f"ckpt-{step}")
         log.info("the model's best checkpoint on validation: step %d (%s %.4f)", step,
                  best["metric"], chosen["model"]["value"])
-        other = chosen.get("baseline")
-        if models.baseline is not None and other and other["step"] != step:
-            log.info("the baseline's best checkpoint on validation: step %d (%s %.4f)",
-                     other["step"], best["metric"], other["value"])
-            models.baseline = _restore(config, root / f"ckpt-{other['step']}")[0].baseline
-        return models, {**manifest, "directory": str(root / f"ckpt-{step}"),
-                        "chosen": {n: {"step": b["step"], best["metric"]: b["value"]}
-                                   for n, b in chosen.items()}}
-    models = build_models(config)
-    restored = checkpoint.restore_latest_good(root, models.state, models.optimizers, agree=False)
-    if restored is None:
-        raise ConfigError(f"config key 'run_dir' = {config.run_dir!r}: no checkpoint under "
-                          f"{root}; run 'gmeta train' first")
-    info = {"step": restored.step, "world_size": restored.world_size,
-            "directory": str(restored.directory)}
+        info = {**manifest, "directory": str(root / f"ckpt-{step}")}
+    else:
+        models = build_models(config)
+        restored = checkpoint.restore_latest_good(root, models.state, models.optimizers,
+                                                  agree=False)
+        if restored is None:
+            raise ConfigError(f"config key 'run_dir' = {config.run_dir!r}: no checkpoint "
+                              f"under {root}; run 'gmeta train' first")
+        info = {"step": restored.step, "world_size": restored.world_size,
+                "directory": str(restored.directory)}
+        if chosen:
+            # The model was never validated (its loss was not finite before its first
+            # validation) while the baseline trained on: the baseline still gets its best.
+            log.warning("the model has no checkpoint chosen on validation: it is restored "
+                        "from the newest one, step %d", restored.step)
     other = chosen.get("baseline")
-    if models.baseline is not None and other:
-        # The model was never validated (its loss was not finite before its first
-        # validation) while the baseline trained on: it still gets its own best.
-        log.warning("the model has no checkpoint chosen on validation: it is restored from "
-                    "the newest one, step %d; the baseline from its best, step %d (%s %.4f)",
-                    restored.step, other["step"], best["metric"], other["value"])
+    if models.baseline is not None and other and other["step"] != info["step"]:
+        log.info("the baseline's best checkpoint on validation: step %d (%s %.4f)",
+                 other["step"], best["metric"], other["value"])
         models.baseline = _restore(config, root / f"ckpt-{other['step']}")[0].baseline
-        info["chosen"] = {"baseline": {"step": other["step"], best["metric"]: other["value"]}}
+    if chosen:
+        info["chosen"] = {n: {"step": b["step"], best["metric"]: b["value"]}
+                          for n, b in chosen.items()}
     return models, info
 
 

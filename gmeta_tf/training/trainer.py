@@ -1,22 +1,22 @@
 """The training loop of ``gmeta train``: one code path for one rank and many.
 
-Every rank reads its share of the warm tasks (Meta-IO shards whole tasks over ranks),
-runs the meta step and, with ``train.baseline``, the baseline's step on the same rows; a
-plain CTR model (``meta.enabled: false``) reads row batches of every warm row instead.
-Training tasks' support and query rows are drawn anew each epoch (``train.resplit``).
-Every ``train.eval_every`` steps each model is scored on the validation split; its best
-step is checkpointed and kept (``gmeta_tf.training.selection``), and with
-``train.patience`` training stops when no model has improved for that many evaluations
-(counted from the end of ``train.pretrain_steps``). A model whose loss is not finite
-stops training at the next log or validation step, put back to its best checkpoint, while
-the other trains on (a diverging meta model does not cut the baseline's run short, nor
-the reverse: in ``gmeta tune`` each trial's two models get their full run); when no model
-is left, or the diverged one has no best checkpoint yet, training stops. Rank 0 draws the progress bar and writes TensorBoard
-scalars; figures that differ per rank (loss, samples, table sizes, all-to-all bytes) are
-summed or averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``: every rank writes its
-table shards) are written every ``train.checkpoint_every`` steps and at the end;
-``resume=True`` restores the latest one. The batches of step n on rank r are a function
-of the shuffle seed, n, r and the world size, so on the world size that saved the
+Every rank reads its share of the warm tasks (Meta-IO shards whole tasks over ranks), runs
+the meta step and, with ``train.baseline``, the baseline's step on the same rows; a plain
+CTR model (``meta.enabled: false``) reads row batches of every warm row instead. Training
+tasks' support and query rows are drawn anew each epoch (``train.resplit``). Every
+``train.eval_every`` steps each model is scored on the validation split; its best step is
+checkpointed and kept (``gmeta_tf.training.selection``), and with ``train.patience``
+training stops when no model has improved for that many evaluations (counted from the end
+of ``train.pretrain_steps``). A model whose loss is not finite stops training at the next
+log or validation step, put back to its best checkpoint, while the other trains on (a
+diverging meta model does not cut the baseline's run short, nor the reverse: in
+``gmeta tune`` each trial's two models get their full run); when no model is left, or the
+diverged one has no best checkpoint yet, training stops. Rank 0 draws the progress bar and writes
+TensorBoard scalars; figures that differ per rank (loss, samples, table sizes, all-to-all
+bytes) are summed or averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``:
+every rank writes its table shards) are written every ``train.checkpoint_every`` steps and
+at the end; ``resume=True`` restores the latest one. The batches of step n on rank r are a
+function of the shuffle seed, n, r and the world size, so on the world size that saved the
 checkpoint a resumed run takes the very batches of an uninterrupted run and ends with its
 weights; on another world size it takes, from the checkpoint's step on, the batches an
 uninterrupted run at the new size takes at those steps.
@@ -383,9 +383,7 @@ class Trainer:
                     self._halted.update({n: step for n in diverged})
                     running = [n for n in models.names if n not in self._halted]
                     what = " and the ".join(diverged.values())
-                    if running and not self._rewind(models, list(diverged), selection):
-                        running = []  # a diverged model has no finite weights to keep
-                    if not running:
+                    if not running or not self._rewind(models, list(diverged), selection):
                         log.warning("step %d: not finite: the %s (training diverged); training "
                                     "stops here and each model keeps its best checkpoint on "
                                     "validation", step, what)
