@@ -239,9 +239,11 @@ class EvalConfig:
     ``data`` (datasets, or raw files of ``data.source``'s format, e.g. a dev and a test
     file) are scored by it only, each into its own ``<run_dir>/eval/<name>.json``.
 
-    The baseline is fine-tuned on each task's support rows through the meta model's own
-    inner-loop code, on the same fast weights and adapted embedding rows, for
-    ``baseline_steps`` SGD steps (default: the meta model's k) at ``baseline_lr``.
+    The meta model adapts on each task's support rows for ``adapt_steps`` inner steps
+    (default: its k), in validation (``train.validation_split``) as here. The baseline is
+    fine-tuned on them through the meta model's own inner-loop code, on the same fast
+    weights and adapted embedding rows, for ``baseline_steps`` SGD steps (default: the
+    meta model's k) at ``baseline_lr``.
     Reference predictors (``gmeta_tf.training.references``) are scored on the same rows;
     ``reference_feature`` is the feature whose mean label they use (default: MeLU's first
     item feature, else the tower's first sparse feature not adapted per task).

@@ -209,7 +209,7 @@ class Validator:
         self.tasks = models.is_meta
         self.predictors: dict[str, PredictFn] = {}
         if self.tasks:
-            self.predictors["model"] = meta_predict(models.model)
+            self.predictors["model"] = meta_predict(models.model, config.eval.adapt_steps)
             if models.baseline is not None:
                 self.predictors["baseline"] = fine_tune_predict(models.baseline, config)
         else:

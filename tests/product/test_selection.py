@@ -343,6 +343,26 @@ def test_gmeta_tune_gives_both_contenders_the_same_trials_and_writes_tuned_setti
     assert any("were tuned at 2 rank(s) and train at 1" in w for w in warnings), warnings
 
 
+def test_validation_adapts_the_model_as_gmeta_eval_does(tiny_data, tmp_path):
+    """``eval.adapt_steps`` sets the meta model's adaptation steps for validation too, so
+    the checkpoint chosen is the best under the adaptation that gmeta eval scores."""
+    from gmeta_tf.training.evaluation import Validator, meta_predict, report, score_tasks
+    from gmeta_tf.training.model_builder import build_models
+
+    overrides = tiny_overrides(tmp_path, tiny_data) + ["train.eval_batches=2"]
+    config = load_config("default", overrides + ["eval.adapt_steps=0"])
+    models = build_models(config)
+    validator = Validator(models, config)
+    batches = [b for b, _ in validator._load()[0]]
+    scores = {steps: report(score_tasks(meta_predict(models.model, steps), batches,
+                                        validator.labels), validator.kind, validator.k)
+              .overall for steps in (0, None)}
+    assert abs(scores[0]["logloss"] - scores[None]["logloss"]) > 1e-4
+    validated = validator()["model"]
+    for metric in ("auc", "logloss"):
+        assert validated[metric] == pytest.approx(scores[0][metric], rel=1e-6)
+
+
 def test_validation_scores_each_task_under_several_splits_of_its_rows(tiny_data, tmp_path):
     """``train.valid_resplits``: split 0 is the protocol's (what one split scores), the
     others hold the same tasks in the same order, each with the same rows and the same
