@@ -59,6 +59,16 @@ the baseline's trials scored higher with their full run (e.g. seed 0's trial 3, 
 0.7299; seed 1's trial 5, 0.6991 -> 0.7286), no choice changed and every cold-user figure
 above came out the same. Seed 2 had no diverging trial.
 
+Two more ideas were tried on validation only (``gmeta train`` with the shipped settings
+at split seeds 0 / 1 / 2, 2 ranks; no cold user scored) and not kept. Task interpolation
+(MLTI, Yao et al. ICLR 2022: in the outer loop every training task replaced by a mix of
+its embedded inputs and labels with another task of its batch, one Beta(a, a) weight per
+task for its support and query rows alike) gave MAML a best validation AUC of 0.7376 /
+0.7524 / 0.7260 with a = 0.5 and 0.7353 / 0.7502 / 0.7234 with a = 2, against 0.7339 /
+0.7507 / 0.7273 without it (the baseline's: 0.7206 / 0.7495 / 0.7238). Adapting for more
+inner steps in validation and evaluation than the k trained with (``eval.adapt_steps``,
+seed 0): 0.7347 with 8 steps, 0.7332 with 12.
+
 Usage: python -m benchmarks.cold_start [--quick] [--seeds 0,1,2] [--trials 8] [--work DIR]
        [--jobs N]
 The last stdout line is one JSON object.
