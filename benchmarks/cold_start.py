@@ -69,6 +69,13 @@ task for its support and query rows alike) gave MAML a best validation AUC of 0.
 inner steps in validation and evaluation than the k trained with (``eval.adapt_steps``,
 seed 0): 0.7347 with 8 steps, 0.7332 with 12.
 
+With twice the tuning budget (``--trials 16``, 2026-11-24, 35 minutes at ``--jobs 2``) the
+mean cold AUC / MAE / nDCG@3 was MAML 0.7372 / 0.7886 / 0.8592 against the fine-tuned
+baseline's 0.7367 / 0.7899 / 0.8595; paired per seed 0 / 1 / 2, AUC +0.0056 / -0.0007 /
+-0.0036, MAE +0.0034 / -0.0006 / +0.0012, nDCG@3 +0.0062 / -0.0030 / -0.0039: 4 of 9
+won, against 5 of 9 at 8 trials. MAML's cold figures changed on seed 0 only (0.7433 ->
+0.7413 AUC), the baseline's on seeds 1 and 2 (AUC 0.7285 -> 0.7305, 0.7473 -> 0.7440).
+
 Usage: python -m benchmarks.cold_start [--quick] [--seeds 0,1,2] [--trials 8] [--work DIR]
        [--jobs N]
 The last stdout line is one JSON object.
