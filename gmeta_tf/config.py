@@ -243,7 +243,9 @@ class EvalConfig:
     (default: its k), in validation (``train.validation_split``) as here. The baseline is
     fine-tuned on them through the meta model's own inner-loop code, on the same fast
     weights and adapted embedding rows, for ``baseline_steps`` SGD steps (default: the
-    meta model's k) at ``baseline_lr``.
+    meta model's k) at ``baseline_lr``; then, with a ridge strength ``baseline_ridge``
+    (default: ``meta.ridge``) above 0, its output layer is solved in closed form on them
+    as the meta model's is (``meta.ridge``), at that fixed strength.
     Reference predictors (``gmeta_tf.training.references``) are scored on the same rows;
     ``reference_feature`` is the feature whose mean label they use (default: MeLU's first
     item feature, else the tower's first sparse feature not adapted per task).
@@ -255,6 +257,7 @@ class EvalConfig:
     adapt_steps: int | None = field(None, min=0)
     baseline_steps: int | None = field(None, min=0)
     baseline_lr: float = field(0.1, min_exclusive=0.0)
+    baseline_ridge: float | None = field(None, min=0.0)
     ndcg_k: int = field(3, min=1)
     binary_label: str | None = None
     relevance_label: str | None = None
@@ -612,6 +615,12 @@ def check_consistency(config: PipelineConfig) -> None:
     if model.tower == "melu" and model.dense_features:
         raise _fail("model.dense_features", dict(model.dense_features),
                     "no dense features for tower 'melu' (use tower 'dlrm')")
+    for key, value in (("meta.ridge", config.meta.ridge),
+                       ("eval.baseline_ridge", config.eval.baseline_ridge)):
+        if value and (model.tower != "melu" or model.head.kind != "rating"):
+            raise _fail(key, value, f"0 for tower '{model.tower}' with a '{model.head.kind}' "
+                        f"head (ridge adaptation solves MeLU's output layer for a rating head's "
+                        f"squared error)")
     tower_sparse = tower_sparse_features(model)
     for f in config.meta.adapt_embeddings:
         if f not in tower_sparse:

@@ -143,18 +143,24 @@ def report_from_rows(task_ids: np.ndarray, predictions: np.ndarray, labels: np.n
 
 def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
                            fast_weights: tuple[str, ...] = (),
-                           adapted_embeddings: tuple[str, ...] = ()) -> PredictFn:
+                           adapted_embeddings: tuple[str, ...] = (),
+                           ridge: float = 0.0) -> PredictFn:
     """The non-meta baseline's predict function: fine-tune on each task's support set.
 
     ``steps`` SGD steps at ``learning_rate`` on the support rows of each task (all tasks
     batched, as the meta model's inner loop) adapt the tower weights ``fast_weights``
     (default all) and the task's own embedding rows of ``adapted_embeddings`` (as
-    ``MetaConfig.adapt_embeddings``), then the query rows are scored; ``steps=0`` scores
-    without fine-tuning. The model itself is not changed.
+    ``MetaConfig.adapt_embeddings``), then, with ``ridge`` > 0, the output layer is solved
+    in closed form at that strength (``TaskAdapter.solve_output_layer``); the query rows
+    are scored. ``steps=0`` scores without fine-tuning. The model itself is not changed.
     """
+    strengths = None
+    if ridge:
+        width = model.tower.params()[model.tower.output_layer[0]].shape[0] + 1
+        strengths = lambda: tf.fill([width], float(ridge))  # noqa: E731
     adapter = TaskAdapter(model.tower, model.head,
                           resolve_fast_weights(model.tower, fast_weights), adapted_embeddings,
-                          steps)
+                          steps, strengths)
     rates = {n: tf.constant(float(learning_rate)) for n in adapter.fast_names}
 
     @tf.function(reduce_retracing=True)

@@ -44,6 +44,13 @@ class MetaConfig:
             outer loss is a weighted sum of the query losses after each inner step, the
             weights moving linearly from equal (1/k each) to the last step's alone; after
             that, the plain query loss after step k. 0: off. MAML and first-order MAML.
+        ridge: After the k inner steps, set the tower's output layer to the closed-form
+            ridge regression fit of the task's support rows on the adapted last hidden
+            layer, shrunk toward the slow output layer with strength ``ridge`` per weight
+            (the meta model learns one strength per weight from this start; the baseline,
+            fine-tuned the same way, keeps ``eval.baseline_ridge``). The exact minimiser
+            of the support loss plus the penalty, where k SGD steps only approach it
+            (R2-D2, Bertinetto et al. ICLR 2019). A rating head (squared error) only. 0: off.
     """
 
     algorithm: Algorithm = "maml"
@@ -55,6 +62,7 @@ class MetaConfig:
     inner_lr_per_element: bool = False
     inner_lr_per_step: bool = False
     multi_step_loss: int = config_fields.field(0, min=0)
+    ridge: float = config_fields.field(0.0, min=0.0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+import math
+from typing import Callable, Mapping
 
 import tensorflow as tf
 
@@ -60,12 +61,33 @@ class MetaModel(tf.keras.Model):
         self.embedding, self.tower, self.head = embedding, tower, head
         self.config = config or MetaConfig()
         fast = resolve_fast_weights(tower, self.config.fast_weights)
+        self.ridge_variable = self._create_ridge()
         self.adapter = TaskAdapter(tower, head, fast, self.config.adapt_embeddings,
-                                   self.config.inner_steps)
+                                   self.config.inner_steps, self.ridge_strengths)
         self.inner_lr_variables = self._create_inner_rates()
         # Outer-optimizer steps spent pre-training (the trainer sets it from
         # train.pretrain_steps): the multi-step loss anneals over meta steps only.
         self.pretrained_steps = 0
+
+    def _create_ridge(self) -> tf.Variable | None:
+        """The log of the learned ridge strengths (``MetaConfig.ridge``), one per weight of
+        the output layer, or None."""
+        if not self.config.ridge:
+            return None
+        if self.tower.output_layer is None:
+            raise ValueError(f"meta.ridge needs a tower with an output layer; {self.tower.name} "
+                             f"has none")
+        width = self.tower.params()[self.tower.output_layer[0]].shape[0] + 1
+        return self.add_weight(name="ridge/log_strength", shape=[width], trainable=True,
+                               initializer=tf.keras.initializers.Constant(
+                                   math.log(self.config.ridge)))
+
+    @property
+    def ridge_strengths(self) -> Callable[[], tf.Tensor] | None:
+        """The adapter's ridge strengths (``exp`` of the learned logs), or None."""
+        if self.ridge_variable is None:
+            return None
+        return lambda: tf.exp(self.ridge_variable)
 
     def _create_inner_rates(self) -> dict[str, tf.Variable]:
         if not self.config.learn_inner_lr:
@@ -99,8 +121,11 @@ class MetaModel(tf.keras.Model):
 
     @property
     def slow_variables(self) -> list[tf.Variable]:
-        """Dense variables of the outer loop: the tower's, then the learned inner rates."""
-        return list(self.tower.params().values()) + list(self.inner_lr_variables.values())
+        """Dense variables of the outer loop: the tower's, then the learned inner rates and
+        ridge strengths."""
+        ridge = [] if self.ridge_variable is None else [self.ridge_variable]
+        return (list(self.tower.params().values()) + list(self.inner_lr_variables.values())
+                + ridge)
 
     # -- the meta step -----------------------------------------------------------------
 
@@ -208,7 +233,8 @@ class MetaModel(tf.keras.Model):
         model changes. ``steps`` overrides k (0: no adaptation).
         """
         adapter = self.adapter if steps is None else TaskAdapter(
-            self.tower, self.head, self.adapter.tower_fast, self.config.adapt_embeddings, steps)
+            self.tower, self.head, self.adapter.tower_fast, self.config.adapt_embeddings, steps,
+            self.ridge_strengths)
         return adapted_outputs(self.embedding, adapter, batch, self.inner_learning_rates(),
                                self.rates_per_step)
 

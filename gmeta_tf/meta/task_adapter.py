@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -11,6 +11,9 @@ from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
 
 EMBEDDING_PREFIX = "embedding/"
+#: The smallest ridge strength used (learned strengths may fall below it): the solve stays
+#: well posed when a hidden unit is zero on every support row of a task.
+MIN_RIDGE = 1e-2
 
 
 def resolve_fast_weights(tower: Tower, selectors: Sequence[str]) -> tuple[str, ...]:
@@ -47,15 +50,23 @@ class TaskAdapter:
         fast_weights: Adapted tower weight names (see ``resolve_fast_weights``).
         adapted_embeddings: Single-valued sparse features whose per-task rows adapt.
         steps: Inner SGD steps k.
+        ridge: With a rating head, a function giving the ridge strengths ``[width + 1]``
+            (the output kernel's, then its bias'): after the k steps the output layer is
+            solved in closed form on the support rows (``solve_output_layer``). None: off.
     """
 
     def __init__(self, tower: Tower, head: Head, fast_weights: Sequence[str],
-                 adapted_embeddings: Sequence[str], steps: int) -> None:
+                 adapted_embeddings: Sequence[str], steps: int,
+                 ridge: Callable[[], tf.Tensor] | None = None) -> None:
         unknown = [f for f in adapted_embeddings if f not in tower.sparse_features]
         if unknown:
             raise ValueError(f"adapt_embeddings {unknown} are not sparse features of "
                              f"{tower.name}: {list(tower.sparse_features)}")
-        self.tower, self.head, self.steps = tower, head, steps
+        if ridge is not None and (getattr(head, "kind", None) != "rating"
+                                  or tower.output_layer is None):
+            raise ValueError(f"ridge adaptation needs a rating head (squared error) and a tower "
+                             f"with an output layer; got {head!r} and {tower.name}")
+        self.tower, self.head, self.steps, self.ridge = tower, head, steps, ridge
         self.tower_fast = tuple(fast_weights)
         self.embedding_fast = tuple(EMBEDDING_PREFIX + f for f in adapted_embeddings)
 
@@ -75,15 +86,49 @@ class TaskAdapter:
             fast[n] = tf.zeros([num_pairs[n[len(EMBEDDING_PREFIX):]], self.tower.input_width])
         return fast
 
-    def outputs(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
-                role: RoleBatch) -> tf.Tensor:
-        """The tower's raw outputs ``[T, N]`` under the slow weights replaced by ``fast``."""
+    def _inputs(self, fast: Mapping[str, tf.Tensor], role: RoleBatch) -> dict:
         inputs = dict(role.inputs)
         for n in self.embedding_fast:
             feature = n[len(EMBEDDING_PREFIX):]
             inputs[feature] = inputs[feature] + tf.gather(fast[n], role.pairs[feature])
-        weights = {**params, **{n: fast[n] for n in self.tower_fast}}
-        return self.tower.apply(weights, inputs)
+        return inputs
+
+    @staticmethod
+    def _weights(params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor]) -> dict:
+        return {**params, **{n: w for n, w in fast.items() if not n.startswith(EMBEDDING_PREFIX)}}
+
+    def outputs(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
+                role: RoleBatch) -> tf.Tensor:
+        """The tower's raw outputs ``[T, N]`` under the slow weights replaced by ``fast``."""
+        return self.tower.apply(self._weights(params, fast), self._inputs(fast, role))
+
+    def solve_output_layer(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
+                           support: RoleBatch) -> dict:
+        """Every task's output layer as the ridge fit of its support ratings.
+
+        With ``h`` the last hidden layer under the fast weights (plus a 1 for the bias),
+        ``w0`` the slow output layer and ``L`` the diagonal of strengths, the task's layer
+        is ``w0 + (sum h h' + L)^-1 sum h (y - offset - h'w0)`` over its real support rows:
+        the minimiser of its summed squared error plus ``sum L (w - w0)^2`` (strengths below
+        ``MIN_RIDGE`` count as it). Differentiable in ``h``, ``w0`` and ``L`` (the outer
+        loop learns through it).
+        """
+        kernel, bias = self.tower.output_layer
+        h = self.tower.hidden(self._weights(params, fast), self._inputs(fast, support))
+        z = tf.concat([h, tf.ones_like(h[..., :1])], axis=-1)                  # [T, S, d+1]
+        prior = tf.concat([tf.reshape(params[kernel], [-1]), tf.reshape(params[bias], [-1])], 0)
+        mask = tf.cast(support.mask, tf.float32)[..., None]
+        residual = (tf.cast(support.labels, tf.float32) - self.head.offset
+                    - tf.linalg.matvec(z, prior))                              # [T, S]
+        # Solved in float64: the Gram matrix of ~50 rows and the smallest learned strengths
+        # can be too ill-conditioned for a float32 Cholesky factor.
+        z64, mask64 = tf.cast(z, tf.float64), tf.cast(mask, tf.float64)
+        strengths = tf.maximum(tf.cast(self.ridge(), tf.float64), MIN_RIDGE)
+        gram = tf.matmul(z64 * mask64, z64, transpose_a=True) + tf.linalg.diag(strengths)
+        rhs = tf.linalg.matvec(z64 * mask64, tf.cast(residual, tf.float64), transpose_a=True)
+        delta = tf.linalg.cholesky_solve(tf.linalg.cholesky(gram), rhs[..., None])[..., 0]
+        layer = prior + tf.cast(delta, tf.float32)                            # [T, d+1]
+        return {**fast, kernel: layer[:, :-1, None], bias: layer[:, -1:]}
 
     def task_losses(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
                     role: RoleBatch) -> tf.Tensor:
@@ -100,7 +145,9 @@ class TaskAdapter:
         gradient is the full second-order one, unless ``first_order`` makes them constants.
         With ``rates_per_step`` every rate has a leading step axis and step ``i`` uses its
         row ``i`` (MAML++'s per-step rates); steps beyond that axis reuse its last row.
-        A ``trajectory`` list receives the fast weights after every step.
+        A ``trajectory`` list receives the fast weights after every step. With ``ridge``
+        the output layer is then solved in closed form (after the last step, and in every
+        trajectory entry).
 
         Returns:
             ``(adapted fast weights, mean support loss before adaptation)``.
@@ -127,6 +174,10 @@ class TaskAdapter:
                 fast[n] = fast[n] - rate * g
             if trajectory is not None:
                 trajectory.append(dict(fast))
+        if self.ridge is not None and self.steps:
+            fast = self.solve_output_layer(params, fast, support)
+            if trajectory is not None:
+                trajectory[:] = [self.solve_output_layer(params, f, support) for f in trajectory]
         return fast, initial_loss
 
 

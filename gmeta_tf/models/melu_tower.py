@@ -6,7 +6,8 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
-from gmeta_tf.models.dense_stack import Params, add_dense_stack, apply_dense_stack
+from gmeta_tf.models.dense_stack import (Params, add_dense_stack, apply_dense_stack, dense,
+                                         layer_names)
 from gmeta_tf.models.tower import Tower
 
 
@@ -56,7 +57,11 @@ class MeLUTower(Tower):
         params.update(add_dense_stack(self, "mlp", width, (*self.hidden_units, 1), self.seed))
         return params
 
-    def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    @property
+    def output_layer(self) -> tuple[str, str]:
+        return layer_names("mlp", len(self.hidden_units) + 1)[-1]
+
+    def hidden(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         x = tf.concat([features[f] for f in self.sparse_features], axis=-1)
         if self.context_dim:
             context = params["context"]
@@ -64,8 +69,12 @@ class MeLUTower(Tower):
                 context = context[:, None, :]
             shape = tf.concat([tf.shape(x)[:-1], [self.context_dim]], axis=0)
             x = tf.concat([x, tf.broadcast_to(context, shape)], axis=-1)
-        x = apply_dense_stack(params, "mlp", len(self.hidden_units) + 1, x, activate_last=False)
-        return tf.squeeze(x, axis=-1)
+        return apply_dense_stack(params, "mlp", len(self.hidden_units), x)
+
+    def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        kernel, bias = self.output_layer
+        return tf.squeeze(dense(self.hidden(params, features), params[kernel], params[bias]),
+                          axis=-1)
 
     def get_config(self) -> dict:
         config = super().get_config()

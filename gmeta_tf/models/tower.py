@@ -68,6 +68,15 @@ class Tower(tf.keras.layers.Layer):
         """The tower's raw output (a logit or a rating) ``[...]`` under ``params``."""
         raise NotImplementedError
 
+    #: ``(kernel, bias)`` names of the output layer, a linear map of ``hidden`` to the raw
+    #: output (None: the tower has no such layer, e.g. DLRM adds a linear term beside it).
+    output_layer: tuple[str, str] | None = None
+
+    def hidden(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """The last hidden layer ``[..., width]``, which ``output_layer`` maps to the raw
+        output: ``apply == hidden @ kernel + bias`` (towers with an ``output_layer``)."""
+        raise NotImplementedError(f"{self.name} has no output layer over a hidden layer")
+
     def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         return self.apply(self.params(), features)
 

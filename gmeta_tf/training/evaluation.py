@@ -93,7 +93,15 @@ def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,
     (default ``baseline_steps``) at ``eval.baseline_lr``."""
     steps = baseline_steps(config) if steps is None else steps
     return fine_tuned_predictions(model, steps, config.eval.baseline_lr,
-                                  config.meta.fast_weights, config.meta.adapt_embeddings)
+                                  config.meta.fast_weights, config.meta.adapt_embeddings,
+                                  baseline_ridge(config))
+
+
+def baseline_ridge(config: PipelineConfig) -> float:
+    """The baseline's ridge strength: ``eval.baseline_ridge``, default ``meta.ridge``."""
+    if config.eval.baseline_ridge is not None:
+        return config.eval.baseline_ridge
+    return config.meta.ridge
 
 
 def row_predict(model: tf.keras.Model) -> PredictFn:

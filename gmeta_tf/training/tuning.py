@@ -19,11 +19,12 @@ Trials run at ``--np`` ranks: the batch of a step is ``data.tasks_per_batch`` pe
 tune at the world size you will train at (``tuned.yaml`` records it and ``gmeta train``
 warns when it differs). Search spaces (ranges below): the meta model's inner steps k, inner
 rate, learned inner rates (none, per tensor, per element, each optionally per step:
-Meta-SGD / MAML++), multi-step loss, outer learning rate and pre-training steps
-(``train.pretrain_steps``); the baseline's learning rate,
-fine-tuning rate and fine-tuning steps (the same range as k). A plain CTR pipeline
-(``meta.enabled: false``) searches its learning rate, its tables' learning rate, its
-batch size and its embedding width.
+Meta-SGD / MAML++), multi-step loss, outer learning rate, pre-training steps
+(``train.pretrain_steps``) and, for a MeLU rating model, the ridge strength of its output
+layer (``meta.ridge``, 0 = off); the baseline's learning rate, fine-tuning rate and
+fine-tuning steps (the same range as k) and its own ridge strength
+(``eval.baseline_ridge``). A plain CTR pipeline (``meta.enabled: false``) searches its
+learning rate, its tables' learning rate, its batch size and its embedding width.
 
 The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train``,
 ``eval`` and ``export`` of that pipeline apply (below any ``--set``); every trial goes to
@@ -46,10 +47,11 @@ from typing import Any, Callable
 import yaml
 
 from gmeta_tf.config import TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig, load_config
-from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, selection_metric
+from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, baseline_ridge, selection_metric
 
 log = logging.getLogger(__name__)
 MULTI_STEP_LOSS = [0, 100, 200, 300]
+RIDGE = [0.0, 1.0, 3.0, 10.0, 30.0, 100.0]  # ridge strengths of the output layer (0: off)
 BATCH_SIZES = [64, 128, 256, 512]
 EMBEDDING_DIMS = [4, 8, 16]
 INNER_RATE_MODES = {  # learn_inner_lr, inner_lr_per_element, inner_lr_per_step
@@ -73,7 +75,14 @@ def _meta_space(trial, config: PipelineConfig) -> dict[str, Any]:
     if config.meta.algorithm != "reptile":
         settings["meta.multi_step_loss"] = trial.suggest_categorical("multi_step_loss",
                                                                      MULTI_STEP_LOSS)
+    if ridge_applies(config):
+        settings["meta.ridge"] = trial.suggest_categorical("ridge", RIDGE)
     return settings
+
+
+def ridge_applies(config: PipelineConfig) -> bool:
+    """Whether the output layer can be solved in closed form (MeLU with a rating head)."""
+    return config.model.tower == "melu" and config.model.head.kind == "rating"
 
 
 def pretrain_choices(config: PipelineConfig) -> list[int]:
@@ -84,12 +93,15 @@ def pretrain_choices(config: PipelineConfig) -> list[int]:
 
 
 def _baseline_space(trial, config: PipelineConfig) -> dict[str, Any]:
-    return {
+    settings = {
         "train.baseline_learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2,
                                                             log=True),
         "eval.baseline_lr": trial.suggest_float("fine_tune_lr", 1e-3, 3.0, log=True),
         "eval.baseline_steps": trial.suggest_int("fine_tune_steps", 1, 5),
     }
+    if ridge_applies(config):
+        settings["eval.baseline_ridge"] = trial.suggest_categorical("ridge", RIDGE)
+    return settings
 
 
 def _ctr_space(trial, config: PipelineConfig) -> dict[str, Any]:
@@ -126,12 +138,18 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
                   "pretrain_steps": _nearest(t.pretrain_steps, pretrain_choices(config))}
         if m.algorithm != "reptile":
             params["multi_step_loss"] = _nearest(m.multi_step_loss, MULTI_STEP_LOSS)
+        if ridge_applies(config):
+            params["ridge"] = _nearest(m.ridge, RIDGE)
         return params
     if name == "baseline":
         steps = e.baseline_steps if e.baseline_steps is not None else m.inner_steps
-        return {"learning_rate": _clip(t.baseline_learning_rate or t.learning_rate, 1e-4, 1e-2),
-                "fine_tune_lr": _clip(e.baseline_lr, 1e-3, 3.0),
-                "fine_tune_steps": min(max(steps, 1), 5)}
+        params = {"learning_rate": _clip(t.baseline_learning_rate or t.learning_rate,
+                                         1e-4, 1e-2),
+                  "fine_tune_lr": _clip(e.baseline_lr, 1e-3, 3.0),
+                  "fine_tune_steps": min(max(steps, 1), 5)}
+        if ridge_applies(config):
+            params["ridge"] = _nearest(baseline_ridge(config), RIDGE)
+        return params
     first = next(iter(config.model.tables.values()))
     return {"learning_rate": _clip(t.learning_rate, 1e-4, 1e-2),
             "batch_size": _nearest(config.data.batch_size, BATCH_SIZES),

@@ -11,16 +11,20 @@ LR, STEPS = 0.3, 2
 NAMES = ["mlp/0/kernel", "mlp/0/bias", "mlp/1/kernel", "mlp/1/bias"]
 
 
-def _reference(model, batch, first_order, per_step=False):
+def _reference(model, batch, first_order, per_step=False, ridge=0.0):
     """Meta-gradients computed task by task with nested tapes, from the model's current
     weights and embedding rows, written independently of gmeta_tf.meta. ``per_step``: one
-    inner rate per weight and step (its gradient has a leading step axis).
+    inner rate per weight and step (its gradient has a leading step axis). ``ridge``: the
+    output layer is then set to the ridge fit of the support rows toward the slow one, by
+    the normal equations with an explicit inverse; ``dlr["ridge"]`` is the gradient of the
+    logs of its strengths.
 
     Returns (dense gradients by name, inner-rate gradients by name, row gradients by
     (feature, id), per-task adapted weights by name).
     """
     params = {n: tf.Variable(v.numpy()) for n, v in model.tower.params().items()}
     rates = {n: tf.Variable([LR] * STEPS if per_step else LR) for n in NAMES}
+    log_strength = tf.Variable(np.full(tiny.HIDDEN + 1, np.log(ridge or 1.0), np.float32))
     ids = {f: np.unique(np.concatenate([batch[r][f][batch[r]["mask"] > 0]
                                         for r in ("support", "query")]))
            for f in ("user_id", "item_id")}
@@ -29,13 +33,24 @@ def _reference(model, batch, first_order, per_step=False):
     dense, dlr, drows, adapted = ({n: 0.0 for n in NAMES}, {n: 0.0 for n in NAMES},
                                   {f: 0.0 for f in ids}, {n: [] for n in NAMES})
 
-    def loss(w, role, t):
+    def hidden(w, role, t):
         real = batch[role]["mask"][t] > 0
         x = tf.concat([tf.gather(tables[f], np.searchsorted(ids[f], batch[role][f][t][real]))
                        for f in ("item_id", "user_id")], axis=1)
-        h = tf.nn.relu(x @ w[0] + w[1])
+        return tf.nn.relu(x @ w[0] + w[1]), batch[role]["rating"][t][real]
+
+    def loss(w, role, t):
+        h, y = hidden(w, role, t)
         pred = tf.squeeze(h @ w[2] + w[3], 1) + 3.0
-        return tf.reduce_mean(tf.square(pred - batch[role]["rating"][t][real]))
+        return tf.reduce_mean(tf.square(pred - y))
+
+    def ridge_fit(w, t):
+        h, y = hidden(w, "support", t)
+        z = tf.concat([h, tf.ones([len(y), 1])], axis=1)
+        prior = tf.concat([params[NAMES[2]][:, 0], params[NAMES[3]]], axis=0)[:, None]
+        inverse = tf.linalg.inv(tf.transpose(z) @ z + tf.linalg.diag(tf.exp(log_strength)))
+        layer = prior + inverse @ tf.transpose(z) @ (y[:, None] - 3.0 - z @ prior)
+        return [w[0], w[1], layer[:-1], layer[-1]]
 
     for t in range(num_tasks):
         with tf.GradientTape() as outer:
@@ -49,9 +64,14 @@ def _reference(model, batch, first_order, per_step=False):
                     g = [tf.stop_gradient(x) for x in g]
                 w = [wi - (rates[n][step] if per_step else rates[n]) * gi
                      for wi, gi, n in zip(w, g, NAMES)]
+            if ridge:
+                w = ridge_fit(w, t)
             query_loss = loss(w, "query", t)
-        sources = [params[n] for n in NAMES] + [rates[n] for n in NAMES] + [tables[f] for f in ids]
-        grads = outer.gradient(query_loss, sources)
+        sources = ([params[n] for n in NAMES] + [rates[n] for n in NAMES]
+                   + [tables[f] for f in ids] + [log_strength])
+        grads = outer.gradient(query_loss, sources,
+                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        dlr["ridge"] = dlr.get("ridge", 0.0) + grads[-1].numpy() / num_tasks
         for i, n in enumerate(NAMES):
             dense[n] += grads[i].numpy() / num_tasks
             dlr[n] += grads[len(NAMES) + i].numpy() / num_tasks
@@ -73,20 +93,24 @@ def _rows(model, ids):
             for i, row in zip(ids[f], tiny.rows_of(model, {f: ids[f]})[f])}
 
 
-def _meta_step(algorithm, batch, learn_inner_lr=False, per_step=False):
+def _meta_step(algorithm, batch, learn_inner_lr=False, per_step=False, ridge=0.0):
     """A fresh tiny model, ids inserted; returns (model, its grads by name, row changes)."""
     model = tiny.model(MetaConfig(algorithm, inner_steps=STEPS, inner_lr=LR,
-                                  learn_inner_lr=learn_inner_lr, inner_lr_per_step=per_step))
+                                  learn_inner_lr=learn_inner_lr, inner_lr_per_step=per_step,
+                                  ridge=ridge))
     tiny.insert_ids(model, batch)
     ids = _ids(batch)
     before = _rows(model, ids)
-    reference = _reference(model, batch, first_order=algorithm != "maml", per_step=per_step)
+    reference = _reference(model, batch, first_order=algorithm != "maml", per_step=per_step,
+                           ridge=ridge)
     _, _, grads = model.meta_gradients(batch)
     after = _rows(model, ids)
     names = [v.name.split("/", 1)[-1] for v in model.slow_variables]
     by_name = dict(zip(NAMES, [g.numpy() for g in grads[: len(NAMES)]]))
     if learn_inner_lr:
         by_name.update({f"lr:{n}": g.numpy() for n, g in zip(NAMES, grads[len(NAMES):])})
+    if ridge:
+        by_name["ridge"] = grads[-1].numpy()
     assert len(names) == len(grads)
     changes = {k: after[k] - before[k] for k in before}
     return model, by_name, changes, reference
@@ -120,6 +144,23 @@ def test_per_step_inner_rates_get_their_own_meta_gradients():
     assert abs(grads[f"lr:{NAMES[0]}"][0] - grads[f"lr:{NAMES[0]}"][1]) > 1e-6
     for key, change in changes.items():
         np.testing.assert_allclose(change, -drows[key], rtol=1e-4, atol=1e-6, err_msg=str(key))
+
+
+@pytest.mark.parametrize("algorithm", ["maml", "fomaml"])
+def test_ridge_output_layer_meta_gradient_equals_nested_tape_reference(algorithm):
+    """``meta.ridge``: after the k steps the output layer is the ridge fit of the support
+    rows (the batched Cholesky solve, against one explicit inverse per task); the
+    meta-gradients of the slow weights, the inner rates, the rows and the logs of the ridge
+    strengths match the nested-tape reference, and the strengths do get one."""
+    batch = tiny.tasks(3, seed=17)
+    _, grads, changes, (dense, dlr, drows, _) = _meta_step(algorithm, batch, True, ridge=2.0)
+    for n in NAMES:
+        np.testing.assert_allclose(grads[n], dense[n], rtol=1e-3, atol=1e-5, err_msg=n)
+        np.testing.assert_allclose(grads[f"lr:{n}"], dlr[n], rtol=1e-3, atol=1e-5, err_msg=n)
+    np.testing.assert_allclose(grads["ridge"], dlr["ridge"], rtol=1e-3, atol=1e-5)
+    assert np.abs(grads["ridge"]).max() > 1e-4
+    for key, change in changes.items():
+        np.testing.assert_allclose(change, -drows[key], rtol=1e-3, atol=1e-5, err_msg=str(key))
 
 
 def test_first_order_drops_the_second_order_term():
