@@ -51,8 +51,9 @@ def test_padding_rows_change_nothing():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_serving_adapts_one_task_like_the_batched_evaluation():
-    model = tiny.model(MetaConfig("maml", inner_steps=3, inner_lr=0.2,
+@pytest.mark.parametrize("ridge", [0.0, 3.0])
+def test_serving_adapts_one_task_like_the_batched_evaluation(ridge):
+    model = tiny.model(MetaConfig("maml", inner_steps=3, inner_lr=0.2, ridge=ridge,
                                   adapt_embeddings=("item_id",)), multi_hot=True)
     batch = tiny.tasks(3, seed=8, multi_hot=True)
     for role in ("support", "query"):  # no padding: serve() takes real rows only
@@ -150,6 +151,29 @@ def test_fine_tuning_adapts_the_task_embedding_rows():
                                        adapted_embeddings=("user_id",))(batch).numpy()
     bias_only = fine_tuned_predictions(baseline, 2, 0.2, fast_weights=("mlp/0/bias",))(batch)
     assert np.abs(rows_only - bias_only.numpy()).max() > 1e-5
+
+
+def test_the_baseline_is_ridge_fitted_as_the_meta_model_adapts():
+    """With the same tower, rows and strength, fine-tuning with ``ridge`` gives the meta
+    model's adapted predictions (one code path), which differ from the SGD steps alone;
+    after the solve, the support loss is at most the SGD steps' (the solve minimises it
+    plus a penalty that is zero at the slow output layer)."""
+    model = tiny.model(MetaConfig("maml", inner_steps=2, inner_lr=0.2, ridge=0.5))
+    baseline = CTRModel(model.embedding, model.tower, model.head)
+    batch = tiny.tasks(4, seed=6)
+    model.meta_gradients(batch)  # insert the ids
+    meta = model.adapted_predictions(batch).numpy()
+    ridge = fine_tuned_predictions(baseline, 2, 0.2, ridge=0.5)(batch).numpy()
+    sgd = fine_tuned_predictions(baseline, 2, 0.2)(batch).numpy()
+    np.testing.assert_allclose(ridge, meta, rtol=1e-5, atol=1e-6)
+    assert np.abs(ridge - sgd).max() > 1e-3
+    support_as_query = {**batch, "query": batch["support"]}
+    fitted = fine_tuned_predictions(baseline, 2, 0.2, ridge=1e-2)(support_as_query).numpy()
+    stepped = fine_tuned_predictions(baseline, 2, 0.2)(support_as_query).numpy()
+    real = batch["support"]["mask"] > 0
+    labels = batch["support"]["rating"]
+    assert (np.square(fitted - labels)[real].sum()
+            < np.square(stepped - labels)[real].sum())
 
 
 @pytest.mark.shared_data

@@ -134,6 +134,18 @@ def test_pretraining_is_for_the_meta_model():
         load_config("default", ["train.pretrain_steps=20", "meta.enabled=false"])
 
 
+def test_ridge_adaptation_is_for_a_melu_rating_model():
+    config = load_config("movielens", ["meta.ridge=10", "eval.baseline_ridge=0"], tuned=False)
+    assert config.meta.ridge == 10.0 and config.eval.baseline_ridge == 0.0
+    for key in ("meta.ridge", "eval.baseline_ridge"):  # default: a DLRM with a binary head
+        with pytest.raises(ConfigError, match=f"'{key}' = 3.0 is not allowed: expected 0 for "
+                                              f"tower 'dlrm' with a 'binary' head"):
+            load_config("default", [f"{key}=3"])
+    with pytest.raises(ConfigError, match="'meta.ridge' = -1.0 is not allowed: expected a "
+                                          "number >= 0.0"):
+        load_config("movielens", ["meta.ridge=-1"], tuned=False)
+
+
 def test_a_feature_in_two_tables_is_rejected():
     raw = _default_raw()
     raw["model"]["tables"]["item"]["features"].append("user_id")

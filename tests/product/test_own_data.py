@@ -1,6 +1,7 @@
 """The README's "Your own data" section, walked as written on small CSV files made here:
 ratings + items (joined) -> meta pipeline on 2 ranks -> eval -> export -> a fresh process
-serving the SavedModel as the trained model predicts."""
+serving the SavedModel (both signatures, the adapting one with its ridge-solved output
+layer) as the trained model predicts."""
 
 from __future__ import annotations
 
@@ -94,12 +95,20 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     _, _, config, _ = ratings_run
     models, _ = restore_models(config)
     model = models.model
+    assert model.ridge_variable is not None  # the README's pipeline solves the output layer
     batch = next(iter(meta_io.read_tasks(config.data.path, 2, None, None, split="cold")))
-    real = np.asarray(batch["query"]["mask"][0]) > 0
-    query = {k: np.asarray(v[0])[real] for k, v in batch["query"].items() if k != "mask"}
-    expected = model.adapted_predictions(batch, steps=0).numpy()[0][real]
+    rows = {}
+    for role in ("support", "query"):
+        real = np.asarray(batch[role]["mask"][0]) > 0
+        rows[role] = {k: np.asarray(v[0])[real] for k, v in batch[role].items() if k != "mask"}
+    support, query = rows["support"], rows["query"]
     features = model.tower.feature_names
-    np.savez(tmp_path / "in.npz", **{f"serve/{k}": query[k] for k in features})
+    expected = model.adapted_predictions(batch, steps=0).numpy()[0][
+        np.asarray(batch["query"]["mask"][0]) > 0]
+    expected_adapted = model.serve(support, {k: query[k] for k in features}).numpy()
+    np.savez(tmp_path / "in.npz", **{f"serve/{k}": query[k] for k in features},
+             **{f"adapt/support_{k}": support[k] for k in (*features, model.head.label)},
+             **{f"adapt/query_{k}": query[k] for k in features})
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
                     str(Path(config.export.dir, "6")), str(tmp_path / "in.npz"),
@@ -108,6 +117,7 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     with np.load(tmp_path / "out.npz") as out:
         assert not out["gmeta_imported"] and not out["op_library_loaded"]
         np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
