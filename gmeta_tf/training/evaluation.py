@@ -339,13 +339,15 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
     rows = []
     if models.is_meta:
         steps = config.meta.inner_steps if e.adapt_steps is None else e.adapt_steps
-        rows.append(ComparedRow(f"meta ({config.meta.algorithm}, adapted k={steps})",
+        ridge = " + ridge" if config.meta.ridge else ""
+        rows.append(ComparedRow(f"meta ({config.meta.algorithm}, adapted k={steps}{ridge})",
                                 scored(meta_predict(models.model, e.adapt_steps))))
         rows.append(ComparedRow("meta, no adaptation", scored(meta_predict(models.model, 0))))
     else:
         rows.append(ComparedRow("ctr model", scored(row_predict(models.model))))
     if models.baseline is not None:
-        rows.append(ComparedRow(f"baseline fine-tuned (k={baseline_steps(config)})",
+        ridge = f", ridge {baseline_ridge(config):g}" if baseline_ridge(config) else ""
+        rows.append(ComparedRow(f"baseline fine-tuned (k={baseline_steps(config)}{ridge})",
                                 scored(fine_tune_predict(models.baseline, config))))
         rows.append(ComparedRow("baseline, no fine-tuning",
                                 scored(fine_tune_predict(models.baseline, config, 0))))
