@@ -581,6 +581,12 @@ def _describe(hint: Any, metadata: Mapping[str, Any]) -> str:
         hint, type_name(hint))
 
 
+def ridge_applies(model: ModelConfig) -> bool:
+    """Whether the output layer can be solved in closed form (``meta.ridge``): a MeLU
+    tower with a rating head."""
+    return model.tower == "melu" and model.head.kind == "rating"
+
+
 def check_consistency(config: PipelineConfig) -> None:
     """Checks that depend on several keys (tables, tower features, meta options).
 
@@ -617,7 +623,7 @@ def check_consistency(config: PipelineConfig) -> None:
                     "no dense features for tower 'melu' (use tower 'dlrm')")
     for key, value in (("meta.ridge", config.meta.ridge),
                        ("eval.baseline_ridge", config.eval.baseline_ridge)):
-        if value and (model.tower != "melu" or model.head.kind != "rating"):
+        if value and not ridge_applies(model):
             raise _fail(key, value, f"0 for tower '{model.tower}' with a '{model.head.kind}' "
                         f"head (ridge adaptation solves MeLU's output layer for a rating head's "
                         f"squared error)")

@@ -13,7 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf.meta import metrics
-from gmeta_tf.meta.task_adapter import TaskAdapter, adapted_outputs, resolve_fast_weights
+from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, resolve_fast_weights,
+                                        ridge_size)
 from gmeta_tf.models.ctr_model import CTRModel
 from gmeta_tf.models.heads import Head
 
@@ -156,8 +157,8 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
     """
     strengths = None
     if ridge:
-        width = model.tower.params()[model.tower.output_layer[0]].shape[0] + 1
-        strengths = lambda: tf.fill([width], float(ridge))  # noqa: E731
+        size = ridge_size(model.tower)
+        strengths = lambda: tf.fill([size], float(ridge))  # noqa: E731
     adapter = TaskAdapter(model.tower, model.head,
                           resolve_fast_weights(model.tower, fast_weights), adapted_embeddings,
                           steps, strengths)

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from gmeta_tf import distributed
 from gmeta_tf.meta.meta_config import MetaConfig
-from gmeta_tf.meta.task_adapter import TaskAdapter, adapted_outputs, resolve_fast_weights
+from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, resolve_fast_weights,
+                                        ridge_size)
 from gmeta_tf.meta.task_batch import role_batches
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
@@ -74,11 +75,8 @@ class MetaModel(tf.keras.Model):
         the output layer, or None."""
         if not self.config.ridge:
             return None
-        if self.tower.output_layer is None:
-            raise ValueError(f"meta.ridge needs a tower with an output layer; {self.tower.name} "
-                             f"has none")
-        width = self.tower.params()[self.tower.output_layer[0]].shape[0] + 1
-        return self.add_weight(name="ridge/log_strength", shape=[width], trainable=True,
+        return self.add_weight(name="ridge/log_strength", shape=[ridge_size(self.tower)],
+                               trainable=True,
                                initializer=tf.keras.initializers.Constant(
                                    math.log(self.config.ridge)))
 

@@ -16,6 +16,19 @@ EMBEDDING_PREFIX = "embedding/"
 MIN_RIDGE = 1e-2
 
 
+def ridge_size(tower: Tower) -> int:
+    """How many ridge strengths the tower's output layer takes: its kernel's rows and its
+    bias.
+
+    Raises:
+        ValueError: The tower has no output layer over a hidden layer.
+    """
+    if tower.output_layer is None:
+        raise ValueError(f"ridge adaptation needs a tower with an output layer; {tower.name} "
+                         f"has none")
+    return tower.params()[tower.output_layer[0]].shape[0] + 1
+
+
 def resolve_fast_weights(tower: Tower, selectors: Sequence[str]) -> tuple[str, ...]:
     """Tower parameter names selected by names or name prefixes (empty: all of them).
 
@@ -62,8 +75,7 @@ class TaskAdapter:
         if unknown:
             raise ValueError(f"adapt_embeddings {unknown} are not sparse features of "
                              f"{tower.name}: {list(tower.sparse_features)}")
-        if ridge is not None and (getattr(head, "kind", None) != "rating"
-                                  or tower.output_layer is None):
+        if ridge is not None and (head.kind != "rating" or tower.output_layer is None):
             raise ValueError(f"ridge adaptation needs a rating head (squared error) and a tower "
                              f"with an output layer; got {head!r} and {tower.name}")
         self.tower, self.head, self.steps, self.ridge = tower, head, steps, ridge
@@ -175,9 +187,11 @@ class TaskAdapter:
             if trajectory is not None:
                 trajectory.append(dict(fast))
         if self.ridge is not None and self.steps:
-            fast = self.solve_output_layer(params, fast, support)
-            if trajectory is not None:
+            if trajectory is None:
+                fast = self.solve_output_layer(params, fast, support)
+            else:  # its last entry is the last step's fast weights: solved once, for both
                 trajectory[:] = [self.solve_output_layer(params, f, support) for f in trajectory]
+                fast = trajectory[-1]
         return fast, initial_loss
 
 

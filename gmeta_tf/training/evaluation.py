@@ -346,7 +346,8 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
     else:
         rows.append(ComparedRow("ctr model", scored(row_predict(models.model))))
     if models.baseline is not None:
-        ridge = f", ridge {baseline_ridge(config):g}" if baseline_ridge(config) else ""
+        strength = baseline_ridge(config)
+        ridge = f", ridge {strength:g}" if strength else ""
         rows.append(ComparedRow(f"baseline fine-tuned (k={baseline_steps(config)}{ridge})",
                                 scored(fine_tune_predict(models.baseline, config))))
         rows.append(ComparedRow("baseline, no fine-tuning",

@@ -46,7 +46,8 @@ from typing import Any, Callable
 
 import yaml
 
-from gmeta_tf.config import TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig, load_config
+from gmeta_tf.config import (TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig, load_config,
+                             ridge_applies)
 from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, baseline_ridge, selection_metric
 
 log = logging.getLogger(__name__)
@@ -75,14 +76,9 @@ def _meta_space(trial, config: PipelineConfig) -> dict[str, Any]:
     if config.meta.algorithm != "reptile":
         settings["meta.multi_step_loss"] = trial.suggest_categorical("multi_step_loss",
                                                                      MULTI_STEP_LOSS)
-    if ridge_applies(config):
+    if ridge_applies(config.model):
         settings["meta.ridge"] = trial.suggest_categorical("ridge", RIDGE)
     return settings
-
-
-def ridge_applies(config: PipelineConfig) -> bool:
-    """Whether the output layer can be solved in closed form (MeLU with a rating head)."""
-    return config.model.tower == "melu" and config.model.head.kind == "rating"
 
 
 def pretrain_choices(config: PipelineConfig) -> list[int]:
@@ -99,7 +95,7 @@ def _baseline_space(trial, config: PipelineConfig) -> dict[str, Any]:
         "eval.baseline_lr": trial.suggest_float("fine_tune_lr", 1e-3, 3.0, log=True),
         "eval.baseline_steps": trial.suggest_int("fine_tune_steps", 1, 5),
     }
-    if ridge_applies(config):
+    if ridge_applies(config.model):
         settings["eval.baseline_ridge"] = trial.suggest_categorical("ridge", RIDGE)
     return settings
 
@@ -138,7 +134,7 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
                   "pretrain_steps": _nearest(t.pretrain_steps, pretrain_choices(config))}
         if m.algorithm != "reptile":
             params["multi_step_loss"] = _nearest(m.multi_step_loss, MULTI_STEP_LOSS)
-        if ridge_applies(config):
+        if ridge_applies(config.model):
             params["ridge"] = _nearest(m.ridge, RIDGE)
         return params
     if name == "baseline":
@@ -147,7 +143,7 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
                                          1e-4, 1e-2),
                   "fine_tune_lr": _clip(e.baseline_lr, 1e-3, 3.0),
                   "fine_tune_steps": min(max(steps, 1), 5)}
-        if ridge_applies(config):
+        if ridge_applies(config.model):
             params["ridge"] = _nearest(baseline_ridge(config), RIDGE)
         return params
     first = next(iter(config.model.tables.values()))
