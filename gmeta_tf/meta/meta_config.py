@@ -51,6 +51,13 @@ class MetaConfig:
             fine-tuned the same way, keeps ``eval.baseline_ridge``). The exact minimiser
             of the support loss plus the penalty, where k SGD steps only approach it
             (R2-D2, Bertinetto et al. ICLR 2019). A rating head (squared error) only. 0: off.
+        plain_loss: Weight of the plain objective in the outer loss: the unadapted loss on
+            every row of the batch's tasks (what the baseline trains, and
+            ``train.pretrain_steps`` trains alone) is added to the query loss after
+            adaptation, times this weight, at every meta step. The embedding rows of a
+            task's support items then learn from their own ratings directly, not only
+            through the inner loop, and the slow weights stay a good model before any
+            adaptation. MAML and first-order MAML. 0: off.
     """
 
     algorithm: Algorithm = "maml"
@@ -63,6 +70,7 @@ class MetaConfig:
     inner_lr_per_step: bool = False
     multi_step_loss: int = config_fields.field(0, min=0)
     ridge: float = config_fields.field(0.0, min=0.0)
+    plain_loss: float = config_fields.field(0.0, min=0.0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))
@@ -73,6 +81,10 @@ class MetaConfig:
                              "0 with algorithm 'reptile' (its dense update does not "
                              "differentiate the query loss; the multi-step loss is for maml "
                              "and fomaml)")
+        if self.plain_loss and self.algorithm == "reptile":
+            raise FieldError(type(self).__name__, "plain_loss", self.plain_loss,
+                             "0 with algorithm 'reptile' (its dense update does not follow "
+                             "the outer loss; the plain loss is for maml and fomaml)")
 
     @property
     def first_order(self) -> bool:

@@ -131,7 +131,9 @@ class MetaModel(tf.keras.Model):
         """Query loss after adapting on the support sets (steps 1-3 of the class docstring).
 
         Returns:
-            ``(query_loss, support_loss, slow_params, adapted_fast_weights)``.
+            ``(query_loss, support_loss, slow_params, adapted_fast_weights, objective)``:
+            the objective is what the outer loop differentiates, the query loss plus, in
+            training with ``MetaConfig.plain_loss``, that weight times the plain loss.
         """
         support, query, num_pairs = role_batches(self.embedding, self.tower, self.head.label,
                                                  batch, training, self.config.adapt_embeddings)
@@ -148,7 +150,20 @@ class MetaModel(tf.keras.Model):
             losses = tf.stack([tf.reduce_mean(self.adapter.task_losses(params, f, query))
                                for f in trajectory])
             query_loss = tf.reduce_sum(self.multi_step_weights() * losses)
-        return query_loss, support_loss, params, adapted
+        objective = query_loss
+        if training and self.config.plain_loss:
+            objective += self.config.plain_loss * self._plain_loss(params, fast, support, query)
+        return query_loss, support_loss, params, adapted, objective
+
+    def _plain_loss(self, params, fast, support, query) -> tf.Tensor:
+        """The unadapted loss, the mean over every real support and query row."""
+        losses, counts = [], []
+        for role in (support, query):
+            rows = tf.reduce_sum(role.mask, axis=1)
+            losses.append(self.adapter.task_losses(params, fast, role) * rows)
+            counts.append(rows)
+        return (tf.reduce_sum(tf.add_n(losses))
+                / tf.maximum(tf.reduce_sum(tf.add_n(counts)), 1.0))
 
     def multi_step_weights(self) -> tf.Tensor:
         """``[k]`` weights of the query losses after each inner step (``multi_step_loss``):
@@ -172,8 +187,8 @@ class MetaModel(tf.keras.Model):
         """
         slow = self.slow_variables
         with tf.GradientTape() as tape:
-            query_loss, support_loss, params, adapted = self.meta_loss(batch, training=True)
-        grads = tape.gradient(query_loss, slow + self.embedding.trainable_variables,
+            query_loss, support_loss, params, adapted, objective = self.meta_loss(batch)
+        grads = tape.gradient(objective, slow + self.embedding.trainable_variables,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         grads = list(grads[: len(slow)])
         if self.config.algorithm == "reptile":
@@ -194,13 +209,7 @@ class MetaModel(tf.keras.Model):
                                                      self.config.adapt_embeddings)
             params = self.tower.params()
             fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
-            losses, counts = [], []
-            for role in (support, query):
-                rows = tf.reduce_sum(role.mask, axis=1)
-                losses.append(self.adapter.task_losses(params, fast, role) * rows)
-                counts.append(rows)
-            loss = tf.reduce_sum(tf.add_n(losses)) / tf.maximum(tf.reduce_sum(tf.add_n(counts)),
-                                                               1.0)
+            loss = self._plain_loss(params, fast, support, query)
         grads = tape.gradient(loss, slow + self.embedding.trainable_variables,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return loss, list(grads[: len(slow)])
@@ -219,7 +228,7 @@ class MetaModel(tf.keras.Model):
         return {"loss": query_loss, "support_loss": support_loss}
 
     def test_step(self, batch):
-        query_loss, support_loss, _, _ = self.meta_loss(batch, training=False)
+        query_loss, support_loss, _, _, _ = self.meta_loss(batch, training=False)
         return {"loss": query_loss, "support_loss": support_loss}
 
     # -- evaluation and serving --------------------------------------------------------

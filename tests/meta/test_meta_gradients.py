@@ -254,3 +254,41 @@ def test_pretraining_gradient_is_the_plain_loss_over_every_row():
         for k, i in enumerate(ids[f]):
             np.testing.assert_allclose(after[(f, int(i))] - before[(f, int(i))], -row_grads[k],
                                        rtol=1e-4, atol=1e-6, err_msg=f"{f} {i}")
+
+
+@pytest.mark.parametrize("algorithm", ["maml", "fomaml"])
+def test_plain_loss_adds_its_weight_times_the_plain_gradient(algorithm):
+    """``MetaConfig.plain_loss``: the outer gradient is the meta-gradient plus the weight
+    times the plain (pre-training) gradient, in the tower, the inner rates and the rows;
+    the reported loss stays the query loss."""
+    batch = tiny.tasks(3, seed=17)
+    weight = 0.5
+
+    def step(plain_loss, pretrain=False):
+        model = tiny.model(MetaConfig(algorithm, inner_steps=STEPS, inner_lr=LR,
+                                      learn_inner_lr=True, plain_loss=plain_loss))
+        tiny.insert_ids(model, batch)
+        ids = _ids(batch)
+        before = _rows(model, ids)
+        if pretrain:
+            loss, grads = model.pretrain_gradients(batch)
+        else:
+            loss, _, grads = model.meta_gradients(batch)
+        after = _rows(model, ids)
+        return loss.numpy(), [g.numpy() for g in grads], {k: after[k] - before[k] for k in after}
+
+    meta_loss, meta, meta_rows = step(0.0)
+    _, plain, plain_rows = step(0.0, pretrain=True)
+    loss, both, both_rows = step(weight)
+    np.testing.assert_allclose(loss, meta_loss, rtol=1e-6)
+    assert any(np.any(g) for g in plain[: len(NAMES)])
+    for i, g in enumerate(both):
+        np.testing.assert_allclose(g, meta[i] + weight * plain[i], rtol=1e-4, atol=1e-6)
+    for key, change in both_rows.items():
+        np.testing.assert_allclose(change, meta_rows[key] + weight * plain_rows[key],
+                                   rtol=1e-4, atol=1e-6, err_msg=str(key))
+
+
+def test_plain_loss_is_refused_under_reptile():
+    with pytest.raises(ValueError, match="plain_loss"):
+        MetaConfig("reptile", plain_loss=1.0)
