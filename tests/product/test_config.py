@@ -55,6 +55,8 @@ def test_overrides_change_typed_values(tmp_path):
     ("train=5", "config key 'train' = 5 is not allowed: expected a mapping"),
     ("meta.multi_step_loss=-1", "'meta.multi_step_loss' = -1 is not allowed: expected an "
                                 "integer >= 0"),
+    ("meta.plain_loss=-0.5", "'meta.plain_loss' = -0.5 is not allowed: expected a number "
+                             ">= 0"),
     ("train.pretrain_steps=-5", "'train.pretrain_steps' = -5 is not allowed: expected an "
                                 "integer >= 0"),
     ("train.valid_resplits=0", "'train.valid_resplits' = 0 is not allowed: expected an "
@@ -75,6 +77,10 @@ def test_maml_plus_plus_options_reach_the_meta_config():
     with pytest.raises(ConfigError, match="'meta.multi_step_loss' = 50 is not allowed: "
                                           "expected 0 with algorithm 'reptile'"):
         load_config("default", ["meta.multi_step_loss=50", "meta.algorithm=reptile"])
+    with pytest.raises(ConfigError, match="'meta.plain_loss' = 0.3 is not allowed: "
+                                          "expected 0 with algorithm 'reptile'"):
+        load_config("default", ["meta.plain_loss=0.3", "meta.algorithm=reptile"])
+    assert load_config("movielens", tuned=False).meta.plain_loss == 0.3
 
 
 def test_the_loader_builds_the_libraries_own_config_types():
