@@ -29,8 +29,10 @@ class MetaModel(tf.keras.Model):
     2. inner loop (``TaskAdapter``): k SGD steps on each task's support loss adapt the fast
        weights (by default the whole tower; optionally the task's own embedding rows), for
        all T tasks at once with a leading task axis, without communication;
-    3. outer loop: the mean query loss under the adapted weights, differentiated ONCE w.r.t.
-       the dense slow weights, the learned inner rates and the embedding's update trigger.
+    3. outer loop: the mean query loss under the adapted weights (plus, with
+       ``MetaConfig.plain_loss``, that weight times the unadapted loss on every row of the
+       batch's tasks), differentiated ONCE w.r.t. the dense slow weights, the learned
+       inner rates and the embedding's update trigger.
        The trigger's gradient sends the embedding row gradients back in ONE all-to-all and
        applies the fused sparse optimizer on their owners; the dense gradients are
        all-reduced (``distributed.allreduce_gradients``) and applied by the compiled Keras
