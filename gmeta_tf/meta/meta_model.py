@@ -142,10 +142,11 @@ class MetaModel(tf.keras.Model):
         params = self.tower.params()
         fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
         trajectory = [] if training and self.config.multi_step_loss else None
-        adapted, support_loss = self.adapter.adapt(params, fast, support,
-                                                   self.inner_learning_rates(),
-                                                   self.config.first_order, self.rates_per_step,
-                                                   trajectory)
+        adapted, support_losses = self.adapter.adapt(params, fast, support,
+                                                     self.inner_learning_rates(),
+                                                     self.config.first_order,
+                                                     self.rates_per_step, trajectory)
+        support_loss = tf.reduce_mean(support_losses)
         if trajectory is None:
             query_loss = tf.reduce_mean(self.adapter.task_losses(params, adapted, query))
         else:
@@ -154,15 +155,20 @@ class MetaModel(tf.keras.Model):
             query_loss = tf.reduce_sum(self.multi_step_weights() * losses)
         objective = query_loss
         if training and self.config.plain_loss:
-            objective += self.config.plain_loss * self._plain_loss(params, fast, support, query)
+            objective += self.config.plain_loss * self._plain_loss(params, fast, support, query,
+                                                                   support_losses)
         return query_loss, support_loss, params, adapted, objective
 
-    def _plain_loss(self, params, fast, support, query) -> tf.Tensor:
-        """The unadapted loss, the mean over every real support and query row."""
+    def _plain_loss(self, params, fast, support, query,
+                    support_losses: tf.Tensor | None = None) -> tf.Tensor:
+        """The unadapted loss, the mean over every real support and query row.
+        ``support_losses``: each task's unadapted support loss when already computed (the
+        inner loop's first step computes it), so the support rows are not run again."""
         losses, counts = [], []
-        for role in (support, query):
+        for role, known in ((support, support_losses), (query, None)):
             rows = tf.reduce_sum(role.mask, axis=1)
-            losses.append(self.adapter.task_losses(params, fast, role) * rows)
+            task_losses = self.adapter.task_losses(params, fast, role) if known is None else known
+            losses.append(task_losses * rows)
             counts.append(rows)
         return (tf.reduce_sum(tf.add_n(losses))
                 / tf.maximum(tf.reduce_sum(tf.add_n(counts)), 1.0))

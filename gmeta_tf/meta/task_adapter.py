@@ -162,18 +162,19 @@ class TaskAdapter:
         trajectory entry).
 
         Returns:
-            ``(adapted fast weights, mean support loss before adaptation)``.
+            ``(adapted fast weights, each task's support loss before adaptation [T])``,
+            the latter None without steps.
         """
         fast = dict(fast)
-        initial_loss = None
+        initial_losses = None
         for step in range(self.steps):
             names = list(fast)
             with tf.GradientTape(watch_accessed_variables=False) as tape:
                 tape.watch([fast[n] for n in names])
                 losses = self.task_losses(params, fast, support)
                 total = tf.reduce_sum(losses)
-            if initial_loss is None:
-                initial_loss = tf.reduce_mean(losses)
+            if initial_losses is None:
+                initial_losses = losses
             grads = tape.gradient(total, [fast[n] for n in names],
                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
             for n, g in zip(names, grads):
@@ -192,7 +193,7 @@ class TaskAdapter:
             else:  # its last entry is the last step's fast weights: solved once, for both
                 trajectory[:] = [self.solve_output_layer(params, f, support) for f in trajectory]
                 fast = trajectory[-1]
-        return fast, initial_loss
+        return fast, initial_losses
 
 
 def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
