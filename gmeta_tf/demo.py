@@ -138,9 +138,9 @@ def summary_table(config: PipelineConfig, np_: int, seconds: dict[str, float],
         f"{sum(seconds.values()):.0f}s in all",
         format_table(stages, ["stage", "seconds", "result"]),
         "",
-        f"cold-start tasks (never trained on, never used to choose anything; adapted on their "
-        f"support rows, scored on their query rows; the baseline fine-tuned on the same rows "
-        f"and weights; references fitted on the warm rows):",
+        "cold-start tasks (never trained on, never used to choose anything; adapted on their "
+        "support rows, scored on their query rows; the baseline fine-tuned on the same rows "
+        "and weights; references fitted on the warm rows):",
         format_table(evaluation["rows"], columns),
     ])
 

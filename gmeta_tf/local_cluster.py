@@ -248,7 +248,7 @@ class LocalCluster:
         """The files ``ip netns exec`` mounts over /etc inside the host: hosts, ssh/."""
         etc = self._etc_dir(host)
         (etc / "ssh").mkdir(parents=True, exist_ok=True)
-        names = [f"127.0.0.1 localhost", f"{host.address} {socket.gethostname()} {host.name}"]
+        names = ["127.0.0.1 localhost", f"{host.address} {socket.gethostname()} {host.name}"]
         names += [f"{h.address} {h.name}" for h in hosts if h != host]
         _write(etc / "hosts", "\n".join(names) + "\n")
         _write(etc / "ssh" / "ssh_config", "\n".join([

@@ -76,15 +76,13 @@ class MetaConfig:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))
         object.__setattr__(self, "adapt_embeddings", _names(self.adapt_embeddings))
         config_fields.check(self)
-        if self.multi_step_loss and self.algorithm == "reptile":
-            raise FieldError(type(self).__name__, "multi_step_loss", self.multi_step_loss,
-                             "0 with algorithm 'reptile' (its dense update does not "
-                             "differentiate the query loss; the multi-step loss is for maml "
-                             "and fomaml)")
-        if self.plain_loss and self.algorithm == "reptile":
-            raise FieldError(type(self).__name__, "plain_loss", self.plain_loss,
-                             "0 with algorithm 'reptile' (its dense update does not follow "
-                             "the outer loss; the plain loss is for maml and fomaml)")
+        if self.algorithm == "reptile":  # its dense update does not follow the outer loss
+            for key, what in (("multi_step_loss", "the multi-step loss"),
+                              ("plain_loss", "the plain loss")):
+                if getattr(self, key):
+                    raise FieldError(type(self).__name__, key, getattr(self, key),
+                                     f"0 with algorithm 'reptile' (its dense update does not "
+                                     f"follow the outer loss; {what} is for maml and fomaml)")
 
     @property
     def first_order(self) -> bool:

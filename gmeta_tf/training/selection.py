@@ -52,6 +52,9 @@ class Selection:
     best: dict[str, Best] = dataclasses.field(default_factory=dict)
     stale: int = 0
     history: list[dict] = dataclasses.field(default_factory=list)
+    #: Model -> the step its training loss was found not finite: it trains no more (a
+    #: resumed run past that step keeps it stopped at its best checkpoint).
+    halted: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def update(self, step: int, results: dict[str, dict[str, float]]) -> list[str]:
         """Records one evaluation; returns the models that improved at this step."""
@@ -81,7 +84,7 @@ class Selection:
         return {"metric": self.metric, "protocol": self.protocol,
                 "patience": self.patience, "stale": self.stale,
                 "best": {n: dataclasses.asdict(b) for n, b in self.best.items()},
-                "history": self.history}
+                "history": self.history, "halted": self.halted}
 
     def save(self, checkpoint_dir: str | Path) -> None:
         """Writes ``BEST.json`` atomically (call on one rank)."""
@@ -107,6 +110,7 @@ class Selection:
             history = list(saved["history"])
             saved_metric = saved["metric"]
             saved_protocol = dict(saved.get("protocol", {}))
+            halted = {str(n): int(step) for n, step in saved.get("halted", {}).items()}
         except (OSError, ValueError, KeyError, TypeError) as err:
             log.warning("%s is unreadable (%s): choosing best checkpoints anew", path, err)
             return selection
@@ -122,6 +126,8 @@ class Selection:
             if up_to_step is not None and entry.get("step", 0) > up_to_step:
                 break
             selection.update(entry["step"], {k: v for k, v in entry.items() if k != "step"})
+        selection.halted = {n: step for n, step in halted.items()
+                            if up_to_step is None or step <= up_to_step}
         return selection
 
 

@@ -344,6 +344,13 @@ class Trainer:
                                    up_to_step=start, patience_from=patience_from,
                                    protocol=protocol) if start else \
             Selection(selection_metric(config), t.patience, patience_from, protocol)
+        # A model that diverged before the checkpoint resumed from stays stopped (its weights
+        # there are its best checkpoint's); selection.halted is saved with BEST.json.
+        self._halted = selection.halted
+        if self._halted:
+            log.info("resumed: the %s stopped training at step %s (not finite) and stays "
+                     "at its best checkpoint", " and the ".join(self._halted),
+                     ", ".join(str(s) for s in self._halted.values()))
         tensorboard = _Scalars(config.tensorboard_dir if self.rank == 0 else None)
         bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
         self._cache_base = self._cache_totals(models)
@@ -369,7 +376,12 @@ class Trainer:
                      "(train.pretrain_steps); meta-training follows", start + 1,
                      min(t.pretrain_steps, t.steps))
         done = start
-        for step in self._stops(start):
+        stops = self._stops(start)
+        if all(n in self._halted for n in models.names):
+            log.warning("every model stopped training (not finite) before step %d: nothing "
+                        "to train; each keeps its best checkpoint on validation", start)
+            stops, stopped = [], start
+        for step in stops:
             out = train(batches, done, step)
             done = step
             logs = step % t.log_every == 0 or step == t.steps
@@ -381,6 +393,8 @@ class Trainer:
                 diverged = {n: loss for n, loss in diverged.items() if n not in self._halted}
                 if diverged:
                     self._halted.update({n: step for n in diverged})
+                    if self.rank == 0:
+                        selection.save(self.ckpt_dir)
                     running = [n for n in models.names if n not in self._halted]
                     what = " and the ".join(diverged.values())
                     if not running or not self._rewind(models, list(diverged), selection):

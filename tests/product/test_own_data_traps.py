@@ -119,7 +119,7 @@ def _ratings_pipeline(tmp_path: Path, *more: str):
                "join": [{"path": "items.csv", "key": "item_id"}]}
     (tmp_path / "p.yaml").write_text(
         "model:\n  tables: {item: {features: [item_id, year]}}\n")
-    overrides = [f"data.source=csv", f"data.raw={tmp_path / 'ratings.csv'}",
+    overrides = ["data.source=csv", f"data.raw={tmp_path / 'ratings.csv'}",
                  f"data.path={tmp_path / 'data'}", f"data.mapping={mapping}",
                  "data.split={query_size: 5, min_rows: 10}", *more]
     cwd = Path.cwd()

@@ -178,6 +178,14 @@ def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
     assert set(best) == {"model", "baseline"} and best["model"]["step"] <= 8
     _, info = restore_models(config)
     assert info["chosen"]["model"]["step"] == best["model"]["step"]
+    # --resume: both models stay stopped; nothing trains, the best checkpoints stand
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
+        resumed = Trainer(config, resume=True).run()
+    assert resumed.stopped_early_at == 10 and resumed.diverged_at == result.diverged_at
+    assert "every model stopped training (not finite) before step 10: nothing to train" \
+        in caplog.text
+    assert json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())["best"] == best
 
 
 def test_a_diverged_model_stops_while_the_other_trains_on(tiny_data, tmp_path, caplog):
@@ -223,6 +231,23 @@ def test_a_diverged_model_stops_while_the_other_trains_on(tiny_data, tmp_path, c
     assert all(np.isfinite(w).all() for w in last_model + last_baseline)
     _, info = restore_models(config)
     assert {n: c["step"] for n, c in info["chosen"].items()} == best
+
+    # --resume with more steps: the model stays stopped at its best checkpoint (not trained
+    # again at the rate that diverged), the baseline trains and is validated on
+    more = load_config("default", [*overrides, "train.steps=15"])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
+        resumed = Trainer(more, resume=True).run()
+    assert resumed.diverged_at == {"model": diverged} and resumed.stopped_early_at is None
+    assert f"resumed: the model stopped training at step {diverged}" in caplog.text
+    assert "not finite: the model's loss" not in caplog.text
+    saved = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())
+    validated = {n: [h["step"] for h in saved["history"] if n in h] for n in ("model", "baseline")}
+    assert validated["baseline"] == list(range(1, 16))
+    assert validated["model"] == list(range(1, diverged))
+    last_model, _ = weights(checkpoint.latest(config.checkpoint_dir))
+    for a, b in zip(last_model, best_model):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_model_diverging_before_its_first_validation_stops_the_run(tiny_data, tmp_path,
