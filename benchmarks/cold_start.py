@@ -20,7 +20,8 @@ ratings), the initial weights and the batch order. Then:
 Metrics on cold users' query ratings: AUC (label = rating >= 4, score = predicted rating,
 pooled), MAE, nDCG@3 per user (relevance = rating). Every contender is reported as mean and
 standard deviation over the seeds, and the meta model's paired difference against every
-other row per seed (> 0: the meta model is better; MAE: the other's minus the meta's).
+other row per seed (> 0: the meta model is better; MAE: the other's minus the meta's) with
+the 95% interval ``gmeta eval`` gives it (paired bootstrap over the seed's cold users).
 
 Result (``python -m benchmarks.cold_start --seeds 0,1,2 --trials 8 --jobs 2``,
 2026-11-24, 21 minutes; the pipeline as shipped: 16-wide context vector, the plain loss
@@ -167,8 +168,10 @@ def run_seed(seed: int, work: Path, trials: int, quick: bool) -> dict:
     tuned = (run_dir / "tuned.yaml").read_text()
     rows = {_short(r["name"]): {m: r.get(m) for m in (*METRICS, "tasks", "rows")}
             for r in result["rows"]}
+    intervals = {_short(p["name"]): p["metrics"] for p in result.get("paired", [])}
     print(f"seed {seed}: {json.dumps(rows)}", flush=True)
-    return {"rows": rows, "chosen": result.get("chosen"), "tuned": tuned, **timings}
+    return {"rows": rows, "intervals": intervals, "chosen": result.get("chosen"),
+            "tuned": tuned, **timings}
 
 
 def _short(name: str) -> str:
@@ -198,9 +201,31 @@ def paired(runs: list[dict]) -> dict:
             sign = -1.0 if m == "mae" else 1.0
             diffs = [round(sign * (r["rows"][META_ROW][m] - r["rows"][other][m]), 4)
                      for r in runs]
+            intervals = [_interval(r, other, m, sign) for r in runs]
             out[other][m] = {"per_seed": diffs, "mean": round(float(np.mean(diffs)), 4),
-                             "better_on_seeds": sum(d > 0 for d in diffs)}
+                             "better_on_seeds": sum(d > 0 for d in diffs),
+                             "interval_per_seed": intervals,
+                             "mean_interval": _mean_interval(diffs, intervals)}
     return out
+
+
+def _mean_interval(diffs: list[float], intervals: list) -> list[float] | None:
+    """A 95% interval of the mean gap over seeds: the seeds' cold users are disjoint, so
+    their standard errors (each interval's width / 3.92) combine as independent."""
+    if not diffs or any(i is None for i in intervals):
+        return None
+    se = float(np.sqrt(sum(((hi - lo) / 3.92) ** 2 for lo, hi in intervals))) / len(diffs)
+    mean = float(np.mean(diffs))
+    return [round(mean - 1.96 * se, 4), round(mean + 1.96 * se, 4)]
+
+
+def _interval(run: dict, other: str, metric: str, sign: float) -> list[float] | None:
+    """``gmeta eval``'s 95% paired bootstrap interval of the gap over the seed's cold users,
+    in this table's sign (> 0: meta better)."""
+    gap = run.get("intervals", {}).get(other, {}).get(metric)
+    if not gap or gap["low"] is None:
+        return None
+    return sorted(round(sign * gap[end], 4) for end in ("low", "high"))
 
 
 def print_table(table: dict, seeds: list[int]) -> None:

@@ -23,7 +23,8 @@ from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.training.config_check import check_against_dataset
-from gmeta_tf.training.evaluation import comparison, comparison_dict, format_table
+from gmeta_tf.training.evaluation import (comparison, comparison_dict, format_gaps, format_table,
+                                         paired_against_first)
 from gmeta_tf.training.model_builder import Models, build_models
 from gmeta_tf.training.selection import best_checkpoints
 
@@ -139,18 +140,23 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
     references = fit_reference_predictors(models, config)
     results = []
     for name, split, dataset in targets:
-        rows = comparison_dict(comparison(models, config, split=split, path=dataset,
-                                          references=references))
+        compared = comparison(models, config, split=split, path=dataset,
+                              references=references)
+        rows = comparison_dict(compared)
+        paired = paired_against_first(compared, models.model.head.kind, config.eval.ndcg_k,
+                                      per_task=models.is_meta)
         k_column = f"ndcg@{config.eval.ndcg_k}"
         columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
         columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
         result = {"name": name, "step": info["step"], "checkpoint": info["directory"],
                   "chosen": info.get("chosen"), "split": split, "data": dataset, "rows": rows,
-                  "references": references.chosen}
+                  "references": references.chosen, "paired": paired}
         file = out_dir / f"{name}.json"
         checkpoint.write_atomically(file, lambda tmp: Path(tmp).write_text(
             json.dumps(result, indent=1)))
-        result["table"] = format_table(rows, columns)
+        gap_columns = [c for c in columns if c in ("auc", k_column, "logloss", "mae")]
+        result["table"] = "\n\n".join(t for t in (
+            format_table(rows, columns), format_gaps(compared[0].name, paired, gap_columns)) if t)
         result["file"] = str(file)
         results.append(result)
     return results

@@ -28,6 +28,7 @@ from gmeta_tf import distributed
 from gmeta_tf.config import PipelineConfig, tower_sparse_features
 from gmeta_tf.meta import EvaluationReport, MetaModel, fine_tuned_predictions
 from gmeta_tf.meta.evaluation import report_from_rows
+from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.references import ReferenceData, fit_references
 
@@ -288,10 +289,42 @@ def mean_over_splits(reports: list[dict[str, float]]) -> dict[str, float]:
 
 @dataclasses.dataclass
 class ComparedRow:
-    """One line of the comparison."""
+    """One line of the comparison: its metrics and the rows they were computed from."""
 
     name: str
     report: EvaluationReport
+    scored: ScoredRows
+
+
+def paired_against_first(rows: list[ComparedRow], kind: str, k: int, per_task: bool,
+                         seed: int = 0) -> list[dict]:
+    """The first row's gap over every other row, each metric with its paired bootstrap
+    interval over the tasks (or rows) scored (``gmeta_tf.meta.paired``).
+
+    Raises:
+        ValueError: The rows were not scored on the same rows in the same order.
+    """
+    first = rows[0].scored
+    out = []
+    for other in rows[1:]:
+        if not np.array_equal(first.task_id, other.scored.task_id) or not np.array_equal(
+                first.label, other.scored.label):
+            raise ValueError(f"{rows[0].name!r} and {other.name!r} were not scored on the same "
+                             f"rows in the same order: no paired comparison")
+        gaps = paired_gaps(first.task_id, first.binary, first.relevance, first.label,
+                           first.prediction, other.scored.prediction, kind, k, per_task,
+                           seed=seed)
+        out.append({"name": other.name, **gaps})
+    return _finite_or_none(out)
+
+
+def _finite_or_none(value):
+    """NaN (an AUC on one class) as None, for JSON."""
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def reference_data(config: PipelineConfig, models: Models) -> ReferenceData:
@@ -332,29 +365,29 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
             return task_batches(config, split, equal_steps=False, path=path)
         return row_batches(config, split, path)
 
-    def scored(predict) -> EvaluationReport:
+    def scored(predict) -> tuple[EvaluationReport, ScoredRows]:
         rows = (score_tasks if tasks else score_rows)(predict, batches(), labels)
-        return report(rows, kind, k, tasks)
+        return report(rows, kind, k, tasks), rows
 
     rows = []
     if models.is_meta:
         steps = config.meta.inner_steps if e.adapt_steps is None else e.adapt_steps
         ridge = " + ridge" if config.meta.ridge else ""
         rows.append(ComparedRow(f"meta ({config.meta.algorithm}, adapted k={steps}{ridge})",
-                                scored(meta_predict(models.model, e.adapt_steps))))
-        rows.append(ComparedRow("meta, no adaptation", scored(meta_predict(models.model, 0))))
+                                *scored(meta_predict(models.model, e.adapt_steps))))
+        rows.append(ComparedRow("meta, no adaptation", *scored(meta_predict(models.model, 0))))
     else:
-        rows.append(ComparedRow("ctr model", scored(row_predict(models.model))))
+        rows.append(ComparedRow("ctr model", *scored(row_predict(models.model))))
     if models.baseline is not None:
         strength = baseline_ridge(config)
         ridge = f", ridge {strength:g}" if strength else ""
         rows.append(ComparedRow(f"baseline fine-tuned (k={baseline_steps(config)}{ridge})",
-                                scored(fine_tune_predict(models.baseline, config))))
+                                *scored(fine_tune_predict(models.baseline, config))))
         rows.append(ComparedRow("baseline, no fine-tuning",
-                                scored(fine_tune_predict(models.baseline, config, 0))))
+                                *scored(fine_tune_predict(models.baseline, config, 0))))
     if references is not None:
         for name, predict in references.predictors.items():
-            rows.append(ComparedRow(f"reference: {name}", scored(predict)))
+            rows.append(ComparedRow(f"reference: {name}", *scored(predict)))
     return rows
 
 
@@ -398,3 +431,24 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
     return "\n".join(lines)
+
+
+def format_gaps(first: str, paired: list[dict], metrics: list[str]) -> str:
+    """``paired_against_first`` as text: per row the first row's gap on each metric, its
+    interval, and how often the first was better over the resamples."""
+    if not paired:
+        return ""
+    p0 = paired[0]
+    metrics = [m for m in metrics if m in p0["metrics"]]
+    signs = ", ".join(f"{m} {'< 0' if m in LOWER_IS_BETTER else '> 0'}" for m in metrics)
+    head = (f"{first} minus each row: the gap, its {p0['level']:.0%} interval over "
+            f"{p0['resamples']} resamples of the {p0['units']} {p0['unit']}s scored, and the "
+            f"share of resamples where {first.split(' (')[0]} is better ({signs}: better)")
+
+    def cell(g: dict) -> str:
+        if any(g[k] is None for k in ("gap", "low", "high", "first_better")):
+            return "-"
+        return f"{g['gap']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}] {g['first_better']:.0%}"
+
+    rows = [{"name": p["name"], **{m: cell(p["metrics"][m]) for m in metrics}} for p in paired]
+    return head + "\n" + format_table(rows, ["name", *metrics])

@@ -32,6 +32,13 @@ def pooled_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float(greater / (len(pos) * len(neg)))
 
 
+def task_rows(batch: dict, role: str, t: int) -> dict[str, np.ndarray]:
+    """Task ``t``'s real rows of a task batch's ``role`` ("support" or "query"), per feature
+    (the label too; padding and the mask dropped)."""
+    real = np.asarray(batch[role]["mask"][t]) > 0
+    return {k: np.asarray(v[t])[real] for k, v in batch[role].items() if k != "mask"}
+
+
 def cold_query_rows(model, data_dir: Path, label: str, tasks_per_batch: int = 8):
     """Every cold task's query rows scored by the model with no adaptation (a baseline CTR
     model: fine-tuned 0 steps), as ``gmeta eval`` scores task models. Returns

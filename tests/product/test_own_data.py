@@ -19,6 +19,7 @@ import pytest
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import load_config
 from gmeta_tf.data import hashing
+from tests.product.conftest import task_rows
 from tests.product.own_data import gmeta, readme_block, readme_commands_after, write_ratings
 
 #: Only the run's length shrinks; every other key is the README's.
@@ -97,11 +98,7 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     model = models.model
     assert model.ridge_variable is not None  # the README's pipeline solves the output layer
     batch = next(iter(meta_io.read_tasks(config.data.path, 2, None, None, split="cold")))
-    rows = {}
-    for role in ("support", "query"):
-        real = np.asarray(batch[role]["mask"][0]) > 0
-        rows[role] = {k: np.asarray(v[0])[real] for k, v in batch[role].items() if k != "mask"}
-    support, query = rows["support"], rows["query"]
+    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
     features = model.tower.feature_names
     expected = model.adapted_predictions(batch, steps=0).numpy()[0][
         np.asarray(batch["query"]["mask"][0]) > 0]

@@ -17,15 +17,10 @@ from gmeta_tf.cli import main
 from gmeta_tf.config import load_config
 from gmeta_tf.training.cold_start import restore_models
 from tests.multiprocess import run_ranks
-from tests.product.conftest import cold_query_rows, pooled_auc, tiny_overrides
+from tests.product.conftest import cold_query_rows, pooled_auc, task_rows, tiny_overrides
 
 pytestmark = pytest.mark.horovod  # the module's fixture trains under horovodrun -np 2
 UNKNOWN_ID = 987_654_321_000
-
-
-def _task_rows(batch: dict, role: str, t: int) -> dict[str, np.ndarray]:
-    real = np.asarray(batch[role]["mask"][t]) > 0
-    return {k: np.asarray(v[t])[real] for k, v in batch[role].items() if k != "mask"}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +68,17 @@ def test_eval_compares_meta_model_with_baseline(trained):
     np.testing.assert_allclose(base_plain["auc"], pooled_auc(labels, base_scores), atol=1e-4)
     assert meta_plain["auc"] != base_plain["auc"]  # two models, not one scored twice
     assert adapted["logloss"] != meta_plain["logloss"]  # the inner loop ran
+    # The adapted meta model's paired gap over every other row is the difference of their
+    # figures, with an interval around it over resamples of the cold tasks
+    paired = {p["name"]: p for p in result["paired"]}
+    assert list(paired) == [r["name"] for r in result["rows"][1:]]
+    for name, p in paired.items():
+        assert (p["unit"], p["units"]) == ("task", tasks)
+        for metric in ("auc", "logloss"):
+            gap = p["metrics"][metric]
+            np.testing.assert_allclose(gap["gap"], adapted[metric] - rows[name][metric],
+                                       atol=1e-9)
+            assert gap["low"] <= gap["gap"] <= gap["high"] and 0.0 <= gap["first_better"] <= 1.0
 
 
 def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, tmp_path):
@@ -82,7 +88,7 @@ def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, t
     batch = {"task_id": batch["task_id"],
              **{r: {k: v.numpy().copy() for k, v in batch[r].items()} for r in ("support", "query")}}
     batch["query"]["item_id"][0, 0] = UNKNOWN_ID  # unknown ids read the default row
-    support, query = _task_rows(batch, "support", 0), _task_rows(batch, "query", 0)
+    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
     features = model.tower.feature_names
     expected_rows = model.adapted_predictions(batch, steps=0).numpy()[0][
         np.asarray(batch["query"]["mask"][0]) > 0]
