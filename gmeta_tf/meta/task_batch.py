@@ -121,7 +121,8 @@ def role_batches(embedding: tf.keras.layers.Layer, tower: Tower, label: str,
     for role in ROLES:
         missing = [k for k in (*tower.feature_names, label, "mask") if k not in batch[role]]
         if missing:
-            raise KeyError(f"task batch role {role!r} lacks {missing}; it has {sorted(batch[role])}")
+            raise KeyError(f"task batch role {role!r} lacks {missing}; it has "
+                           f"{sorted(batch[role])}")
     emb = embed_tasks(embedding, support, query, tower.sparse_features, training)
     pairs: tuple[dict, dict] = ({}, {})
     num_pairs = {}

@@ -597,7 +597,8 @@ class Trainer:
                 eval_metrics: dict, hybrid: HybridTrainer | None, selection: Selection,
                 stopped: int | None) -> TrainResult:
         samples = float(distributed.sum_over_ranks(np.array([meter.total], np.float64))[0])
-        loss = float(distributed.sum_over_ranks(np.array([float(out.get("loss", np.nan))]))[0]) / self.size
+        loss = float(distributed.sum_over_ranks(
+            np.array([float(out.get("loss", np.nan))]))[0]) / self.size
         baseline = None
         if "baseline_loss" in out:
             baseline = float(distributed.sum_over_ranks(np.array([float(out["baseline_loss"])]))[0]
