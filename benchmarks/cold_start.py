@@ -255,6 +255,20 @@ def print_table(table: dict, seeds: list[int]) -> None:
                                       for m in METRICS))
 
 
+def print_gaps(differences: dict) -> None:
+    print("\nmeta minus other (MAE: other minus meta; > 0: meta better): mean over seeds "
+          "[95% interval], seeds where meta is better")
+    print(f"{'other':<40}" + "".join(f"{m:>34}" for m in METRICS))
+    for other, d in differences.items():
+        cells = []
+        for m in METRICS:
+            low_high = d[m]["mean_interval"]
+            shown = "" if low_high is None else f" [{low_high[0]:+.4f}, {low_high[1]:+.4f}]"
+            seeds = len(d[m]["per_seed"])
+            cells.append(f"{d[m]['mean']:+.4f}{shown} {d[m]['better_on_seeds']}/{seeds}")
+        print(f"{other:<40}" + "".join(f"{c:>34}" for c in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one seed, 2 trials, 100 steps")
@@ -275,6 +289,7 @@ def main() -> None:
     table = summarize(runs)
     print_table(table, seeds)
     differences = paired(runs)
+    print_gaps(differences)
     wins = {other: all(d[m]["better_on_seeds"] == len(seeds) for m in METRICS)
             for other, d in differences.items()}
     print(json.dumps({"benchmark": "cold_start", "dataset": "ml-100k", "seeds": seeds,
