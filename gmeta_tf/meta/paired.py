@@ -17,6 +17,8 @@ the two reports.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from gmeta_tf.meta import metrics
@@ -47,11 +49,13 @@ class _PooledAUC:
             return np.where(pairs > 0, (pos * (below + 0.5 * neg)).sum(axis=1) / pairs, np.nan)
 
 
-def _row_losses(kind: str, labels: np.ndarray, predictions: np.ndarray) -> tuple[str, np.ndarray]:
+def _row_losses(kind: str, labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """Each row's loss: log loss (probabilities clipped as ``metrics.log_loss`` clips them)
+    for a binary head, absolute error for a rating head."""
     if kind == "binary":
         p = np.clip(predictions, 1e-7, 1.0 - 1e-7)
-        return "logloss", -(labels * np.log(p) + (1.0 - labels) * np.log(1.0 - p))
-    return "mae", np.abs(labels - predictions)
+        return -(labels * np.log(p) + (1.0 - labels) * np.log(1.0 - p))
+    return np.abs(labels - predictions)
 
 
 def _task_values(units: np.ndarray, n_units: int, relevance: np.ndarray,
@@ -64,16 +68,18 @@ def _task_values(units: np.ndarray, n_units: int, relevance: np.ndarray,
 
 
 def paired_gaps(task_ids: np.ndarray, binary: np.ndarray, relevance: np.ndarray,
-                labels: np.ndarray, first: np.ndarray, second: np.ndarray, kind: str,
+                labels: np.ndarray, first: np.ndarray, others: Sequence[np.ndarray], kind: str,
                 k: int = 3, per_task: bool = True, resamples: int = 1000, level: float = 0.95,
-                seed: int = 0) -> dict:
-    """The gap ``first - second`` on each metric, with its bootstrap interval.
+                seed: int = 0) -> list[dict]:
+    """The gap ``first - other`` on each metric for each of ``others``, with its bootstrap
+    interval. Every comparison is scored on the same resamples.
 
     Args:
         task_ids: ``[n]`` each row's task.
         binary, relevance, labels: ``[n]`` the 0/1 label of AUC, the relevance of nDCG and
             the head's label (MAE or log loss), as ``report_from_rows`` takes them.
-        first, second: ``[n]`` the two predictors' predictions of the same rows.
+        first: ``[n]`` the predictions of the predictor compared with every other.
+        others: The other predictors' predictions of the same rows, ``[n]`` each.
         kind: The head's kind, "binary" or "rating".
         k: The k of nDCG@k.
         per_task: Resample tasks (and report nDCG@k); False: rows are the units (row data).
@@ -82,21 +88,21 @@ def paired_gaps(task_ids: np.ndarray, binary: np.ndarray, relevance: np.ndarray,
         seed: The resampling seed (the same seed gives the same interval).
 
     Returns:
-        ``{"unit": "task" | "row", "units", "resamples", "level", "metrics": {name:
-        {"gap", "low", "high", "first_better"}}}``: ``gap`` is the difference of the two
-        predictors' metric on the rows as scored, ``low``/``high`` the interval's ends,
-        ``first_better`` the fraction of resamples where ``first`` was the better one
-        (higher, or lower for MAE and log loss).
+        Per other predictor, ``{"unit": "task" | "row", "units", "resamples", "level",
+        "metrics": {name: {"gap", "low", "high", "first_better"}}}``: ``gap`` is the
+        difference of the two predictors' metric on the rows as scored, ``low``/``high``
+        the interval's ends, ``first_better`` the fraction of resamples where ``first`` was
+        the better one (higher, or lower for MAE and log loss).
 
     Raises:
         ValueError: No rows, or arrays of different lengths.
     """
-    arrays = [np.asarray(a, np.float64) for a in (binary, relevance, labels, first, second)]
+    arrays = [np.asarray(a, np.float64) for a in (binary, relevance, labels, first, *others)]
     n = len(task_ids)
     if not n or any(len(a) != n for a in arrays):
         raise ValueError(f"paired_gaps: expected the same number (> 0) of rows in every array, "
                          f"got task_ids {n} and {[len(a) for a in arrays]}")
-    binary, relevance, labels, first, second = arrays
+    binary, relevance, labels, *predictors = arrays
     if per_task:
         _, units = np.unique(np.asarray(task_ids, np.int64), return_inverse=True)
         units = units.ravel()
@@ -105,16 +111,15 @@ def paired_gaps(task_ids: np.ndarray, binary: np.ndarray, relevance: np.ndarray,
     n_units = int(units.max()) + 1
     resamples = int(max(100, min(resamples, 2e9 // max(n, 1) // 100)))
 
-    loss_name, _ = _row_losses(kind, labels, first)
-    contenders = []
-    for predictions in (first, second):
-        _, losses = _row_losses(kind, labels, predictions)
-        ndcg = _task_values(units, n_units, relevance, predictions, k) if per_task else None
-        contenders.append((_PooledAUC(binary, predictions), losses, ndcg))
+    loss_name = "logloss" if kind == "binary" else "mae"
+    contenders = [(_PooledAUC(binary, p), _row_losses(kind, labels, p),
+                   _task_values(units, n_units, relevance, p, k) if per_task else None)
+                  for p in predictors]
 
-    def scores(unit_weights: np.ndarray) -> dict[str, np.ndarray]:
+    def gaps_of(unit_weights: np.ndarray) -> list[dict[str, np.ndarray]]:
+        """Per other predictor, first's metric minus its, per metric: ``[B]`` each."""
         row_weights = unit_weights[:, units]
-        out = {}
+        scored = []
         for auc, losses, ndcg in contenders:
             values = {"auc": auc(row_weights),
                       loss_name: (row_weights @ losses) / row_weights.sum(axis=1)}
@@ -123,32 +128,37 @@ def paired_gaps(task_ids: np.ndarray, binary: np.ndarray, relevance: np.ndarray,
                 w = unit_weights[:, finite]
                 with np.errstate(invalid="ignore", divide="ignore"):
                     values[f"ndcg@{k}"] = (w @ ndcg[finite]) / w.sum(axis=1)
-            for name, v in values.items():
-                out.setdefault(name, []).append(v)
-        return {name: a - b for name, (a, b) in out.items()}
+            scored.append(values)
+        return [{name: scored[0][name] - v for name, v in other.items()}
+                for other in scored[1:]]
 
-    point = {name: float(v[0]) for name, v in scores(np.ones((1, n_units))).items()}
+    points = gaps_of(np.ones((1, n_units)))
     rng = np.random.default_rng(seed)
     chunk = max(1, _CHUNK_ELEMENTS // max(n, n_units))
-    gaps: dict[str, list[np.ndarray]] = {}
+    drawn: list[dict[str, list[np.ndarray]]] = [{} for _ in points]
     done = 0
     while done < resamples:
         size = min(chunk, resamples - done)
         draws = rng.integers(0, n_units, size=(size, n_units))
         counts = np.bincount((np.arange(size)[:, None] * n_units + draws).ravel(),
                              minlength=size * n_units).reshape(size, n_units).astype(np.float64)
-        for name, v in scores(counts).items():
-            gaps.setdefault(name, []).append(v)
+        for parts, gaps in zip(drawn, gaps_of(counts)):
+            for name, v in gaps.items():
+                parts.setdefault(name, []).append(v)
         done += size
     tail = (1.0 - level) / 2.0 * 100.0
-    result = {}
-    for name, parts in gaps.items():
-        v = np.concatenate(parts)
-        v = v[np.isfinite(v)]
-        better = v < 0 if name in LOWER_IS_BETTER else v > 0
-        result[name] = {"gap": point[name],
-                        "low": float(np.percentile(v, tail)) if len(v) else float("nan"),
-                        "high": float(np.percentile(v, 100.0 - tail)) if len(v) else float("nan"),
-                        "first_better": float(better.mean()) if len(v) else float("nan")}
-    return {"unit": "task" if per_task else "row", "units": n_units, "resamples": resamples,
-            "level": level, "metrics": result}
+    results = []
+    for point, parts in zip(points, drawn):
+        result = {}
+        for name, chunks in parts.items():
+            v = np.concatenate(chunks)
+            v = v[np.isfinite(v)]
+            better = v < 0 if name in LOWER_IS_BETTER else v > 0
+            result[name] = {"gap": float(point[name][0]),
+                            "low": float(np.percentile(v, tail)) if len(v) else float("nan"),
+                            "high": (float(np.percentile(v, 100.0 - tail)) if len(v)
+                                     else float("nan")),
+                            "first_better": float(better.mean()) if len(v) else float("nan")}
+        results.append({"unit": "task" if per_task else "row", "units": n_units,
+                        "resamples": resamples, "level": level, "metrics": result})
+    return results

@@ -154,9 +154,8 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         file = out_dir / f"{name}.json"
         checkpoint.write_atomically(file, lambda tmp: Path(tmp).write_text(
             json.dumps(result, indent=1)))
-        gap_columns = [c for c in columns if c in ("auc", k_column, "logloss", "mae")]
         result["table"] = "\n\n".join(t for t in (
-            format_table(rows, columns), format_gaps(compared[0].name, paired, gap_columns)) if t)
+            format_table(rows, columns), format_gaps(compared[0].name, paired, columns)) if t)
         result["file"] = str(file)
         results.append(result)
     return results

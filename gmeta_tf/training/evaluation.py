@@ -304,17 +304,18 @@ def paired_against_first(rows: list[ComparedRow], kind: str, k: int, per_task: b
     Raises:
         ValueError: The rows were not scored on the same rows in the same order.
     """
+    if len(rows) < 2:
+        return []
     first = rows[0].scored
-    out = []
     for other in rows[1:]:
         if not np.array_equal(first.task_id, other.scored.task_id) or not np.array_equal(
                 first.label, other.scored.label):
             raise ValueError(f"{rows[0].name!r} and {other.name!r} were not scored on the same "
                              f"rows in the same order: no paired comparison")
-        gaps = paired_gaps(first.task_id, first.binary, first.relevance, first.label,
-                           first.prediction, other.scored.prediction, kind, k, per_task,
-                           seed=seed)
-        out.append({"name": other.name, **gaps})
+    gaps = paired_gaps(first.task_id, first.binary, first.relevance, first.label,
+                       first.prediction, [r.scored.prediction for r in rows[1:]], kind, k,
+                       per_task, seed=seed)
+    out = [{"name": r.name, **g} for r, g in zip(rows[1:], gaps)]
     return _finite_or_none(out)
 
 
@@ -434,8 +435,9 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 
 def format_gaps(first: str, paired: list[dict], metrics: list[str]) -> str:
-    """``paired_against_first`` as text: per row the first row's gap on each metric, its
-    interval, and how often the first was better over the resamples."""
+    """``paired_against_first`` as text: per row the first row's gap on each of ``metrics``
+    that the gaps hold (other columns are skipped), its interval, and how often the first
+    was better over the resamples."""
     if not paired:
         return ""
     p0 = paired[0]

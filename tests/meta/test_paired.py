@@ -30,15 +30,15 @@ def test_the_gap_is_the_difference_of_the_two_reports():
     task_ids, binary, rating, first, second = _ratings(60)
     a = report_from_rows(task_ids, first, rating, binary, rating, "rating", 3).overall
     b = report_from_rows(task_ids, second, rating, binary, rating, "rating", 3).overall
-    gaps = paired_gaps(task_ids, binary, rating, rating, first, second, "rating", 3)
+    gaps = paired_gaps(task_ids, binary, rating, rating, first, [second], "rating", 3)[0]
     assert (gaps["unit"], gaps["units"]) == ("task", 60)
     for metric in ("auc", "mae", "ndcg@3"):
         g = gaps["metrics"][metric]
         np.testing.assert_allclose(g["gap"], a[metric] - b[metric], atol=1e-12)
         assert g["low"] <= g["gap"] <= g["high"]
     probability = 1.0 / (1.0 + np.exp(3.0 - np.stack([first, second])))
-    rows = paired_gaps(np.arange(len(binary)), binary, binary, binary, *probability, "binary",
-                       per_task=False)
+    rows = paired_gaps(np.arange(len(binary)), binary, binary, binary, probability[0],
+                       [probability[1]], "binary", per_task=False)[0]
     assert (rows["unit"], rows["units"], set(rows["metrics"])) == (
         "row", len(binary), {"auc", "logloss"})
     np.testing.assert_allclose(rows["metrics"]["logloss"]["gap"],
@@ -60,17 +60,17 @@ def test_weighted_auc_is_the_auc_of_the_rows_repeated():
 
 def test_a_better_predictor_on_many_tasks_is_told_apart_an_equal_one_is_not():
     task_ids, binary, rating, first, second = _ratings(400)
-    clear = paired_gaps(task_ids, binary, rating, rating, first, second, "rating", 3)
+    clear = paired_gaps(task_ids, binary, rating, rating, first, [second], "rating", 3)[0]
     assert clear["metrics"]["auc"]["low"] > 0 and clear["metrics"]["mae"]["high"] < 0
     assert clear["metrics"]["auc"]["first_better"] > 0.99
     assert clear["metrics"]["mae"]["first_better"] > 0.99  # lower MAE counts as better
-    same = paired_gaps(task_ids, binary, rating, rating, first, first, "rating", 3)
+    same = paired_gaps(task_ids, binary, rating, rating, first, [first], "rating", 3)[0]
     for g in same["metrics"].values():
         assert (g["gap"], g["low"], g["high"], g["first_better"]) == (0.0, 0.0, 0.0, 0.0)
     rng = np.random.default_rng(5)  # two predictors of the same quality, 30 tasks
     task_ids, binary, rating, first, _ = _ratings(30, seed=5)
     other = rating + rng.normal(0.0, 1.0, len(rating))
-    even = paired_gaps(task_ids, binary, rating, rating, first, other, "rating", 3)
+    even = paired_gaps(task_ids, binary, rating, rating, first, [other], "rating", 3)[0]
     assert all(g["low"] < 0 < g["high"] for g in even["metrics"].values())
 
 
@@ -79,17 +79,17 @@ def test_tasks_are_resampled_whole():
     interval over tasks is wider than one over rows would be."""
     task_ids, binary, rating, first, second = _ratings(80, seed=2, user_noise=1.5)
     second = second + np.random.default_rng(3).normal(0.0, 1.0, 80 * 7 + 3)[task_ids]
-    by_task = paired_gaps(task_ids, binary, rating, rating, first, second, "rating", 3)
-    by_row = paired_gaps(task_ids, binary, rating, rating, first, second, "rating", 3,
-                         per_task=False)
+    by_task = paired_gaps(task_ids, binary, rating, rating, first, [second], "rating", 3)[0]
+    by_row = paired_gaps(task_ids, binary, rating, rating, first, [second], "rating", 3,
+                         per_task=False)[0]
     width = {name: g["metrics"]["mae"]["high"] - g["metrics"]["mae"]["low"]
              for name, g in (("task", by_task), ("row", by_row))}
     assert width["task"] > 1.5 * width["row"], width
-    again = paired_gaps(task_ids, binary, rating, rating, first, second, "rating", 3)
+    again = paired_gaps(task_ids, binary, rating, rating, first, [second], "rating", 3)[0]
     assert again == by_task  # the same seed, the same interval
 
 
 def test_rows_of_different_lengths_are_refused():
     with pytest.raises(ValueError, match="same number"):
-        paired_gaps(np.arange(3), np.ones(3), np.ones(3), np.ones(3), np.ones(3), np.ones(2),
+        paired_gaps(np.arange(3), np.ones(3), np.ones(3), np.ones(3), np.ones(3), [np.ones(2)],
                     "rating")
