@@ -21,6 +21,36 @@ from gmeta_tf.models.heads import Head
 PredictFn = Callable[[Mapping], tf.Tensor]
 
 
+def _any_shape(spec: tf.TypeSpec) -> tf.TypeSpec:
+    """The spec with every dimension unknown (its rank and dtype kept)."""
+    if isinstance(spec, tf.RaggedTensorSpec):
+        return tf.RaggedTensorSpec([None] * spec.shape.rank, spec.dtype, spec.ragged_rank,
+                                   spec.row_splits_dtype)
+    if isinstance(spec, tf.TensorSpec):
+        return tf.TensorSpec([None] * spec.shape.rank, spec.dtype)
+    return spec
+
+
+def traced_once(fn: Callable[[Mapping], tf.Tensor]) -> PredictFn:
+    """``fn`` as a ``tf.function`` traced once, at its first batch, for batches of any size.
+
+    Evaluation batches differ in their number of tasks and in their support and query
+    widths (each is padded to its own longest task), so a function traced for each shape
+    it meets would trace again and again; this one's input signature is the first batch's
+    structure and dtypes with every dimension unknown.
+    """
+    traced = []
+
+    def call(batch: Mapping) -> tf.Tensor:
+        if not traced:
+            signature = tf.nest.map_structure(
+                lambda v: _any_shape(tf.type_spec_from_value(v)), batch)
+            traced.append(tf.function(fn, input_signature=[signature]))
+        return traced[0](batch)
+
+    return call
+
+
 @dataclasses.dataclass
 class EvaluationReport:
     """Metrics of a set of tasks.
@@ -164,8 +194,7 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
                           steps, strengths)
     rates = {n: tf.constant(float(learning_rate)) for n in adapter.fast_names}
 
-    @tf.function(reduce_retracing=True)
     def predict(batch):
         return model.head.predict(adapted_outputs(model.embedding, adapter, batch, rates))
 
-    return predict
+    return traced_once(predict)

@@ -27,7 +27,7 @@ from gmeta_tf import data as meta_io
 from gmeta_tf import distributed
 from gmeta_tf.config import PipelineConfig, tower_sparse_features
 from gmeta_tf.meta import EvaluationReport, MetaModel, fine_tuned_predictions
-from gmeta_tf.meta.evaluation import report_from_rows
+from gmeta_tf.meta.evaluation import report_from_rows, traced_once
 from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.references import ReferenceData, fit_references
@@ -76,8 +76,7 @@ def row_batches(config: PipelineConfig, split: str | None, path: str | None = No
 
 def meta_predict(model: MetaModel, steps: int | None = None) -> PredictFn:
     """The meta model adapted with its inner loop (``steps`` overrides k; 0: none)."""
-    return tf.function(lambda batch: model.adapted_predictions(batch, steps),
-                       reduce_retracing=True)
+    return traced_once(lambda batch: model.adapted_predictions(batch, steps))
 
 
 def baseline_steps(config: PipelineConfig) -> int:
@@ -108,8 +107,7 @@ def baseline_ridge(config: PipelineConfig) -> float:
 def row_predict(model: tf.keras.Model) -> PredictFn:
     """A plain CTR model on row batches."""
     names = list(model.tower.sparse_features) + list(model.tower.dense_features)
-    return tf.function(lambda rows: model({n: rows[n] for n in names}, training=False),
-                       reduce_retracing=True)
+    return traced_once(lambda rows: model({n: rows[n] for n in names}, training=False))
 
 
 # ---- scoring -----------------------------------------------------------------------------

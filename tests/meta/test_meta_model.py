@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from gmeta_tf import data
 from gmeta_tf.meta import MetaConfig, evaluate_tasks, fine_tuned_predictions, task_rows
+from gmeta_tf.meta.evaluation import traced_once
 from gmeta_tf.models import CTRModel
 from tests.meta import tiny
 
@@ -151,6 +152,25 @@ def test_fine_tuning_adapts_the_task_embedding_rows():
                                        adapted_embeddings=("user_id",))(batch).numpy()
     bias_only = fine_tuned_predictions(baseline, 2, 0.2, fast_weights=("mlp/0/bias",))(batch)
     assert np.abs(rows_only - bias_only.numpy()).max() > 1e-5
+
+
+def test_prediction_is_traced_once_for_batches_of_every_shape():
+    """Evaluation batches differ in task count and in support and query width; the
+    predict function is traced at the first and gives the eager predictions on all."""
+    model = tiny.model(MetaConfig("maml", inner_steps=2, inner_lr=0.2), multi_hot=True)
+    traces = []
+
+    def adapted(batch):
+        traces.append(1)  # Python runs only while tracing
+        return model.adapted_predictions(batch)
+
+    predict = traced_once(adapted)
+    for num_tasks, support, query in ((3, 6, 4), (2, 9, 5), (5, 4, 7), (1, 6, 4)):
+        batch = tiny.tasks(num_tasks, support, query, seed=support, multi_hot=True)
+        model.meta_gradients(batch)  # insert the ids
+        np.testing.assert_allclose(predict(batch).numpy(),
+                                   model.adapted_predictions(batch).numpy(), rtol=1e-5, atol=1e-6)
+    assert len(traces) == 1
 
 
 def test_the_baseline_is_ridge_fitted_as_the_meta_model_adapts():
