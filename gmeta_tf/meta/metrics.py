@@ -27,16 +27,28 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
-def log_loss(labels: np.ndarray, probabilities: np.ndarray, eps: float = 1e-7) -> float:
-    """Mean binary cross-entropy of probabilities (clipped to [eps, 1 - eps])."""
+def row_log_losses(labels: np.ndarray, probabilities: np.ndarray,
+                   eps: float = 1e-7) -> np.ndarray:
+    """Each row's binary cross-entropy (probabilities clipped to [eps, 1 - eps]), flat."""
     y = np.asarray(labels, np.float64).ravel()
     p = np.clip(np.asarray(probabilities, np.float64).ravel(), eps, 1.0 - eps)
-    return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
+    return -(y * np.log(p) + (1.0 - y) * np.log(1.0 - p))
+
+
+def log_loss(labels: np.ndarray, probabilities: np.ndarray, eps: float = 1e-7) -> float:
+    """Mean binary cross-entropy of probabilities (clipped to [eps, 1 - eps])."""
+    return float(np.mean(row_log_losses(labels, probabilities, eps)))
+
+
+def row_absolute_errors(targets: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """Each row's absolute error, flat."""
+    return np.abs(np.asarray(targets, np.float64).ravel()
+                  - np.asarray(predictions, np.float64).ravel())
 
 
 def mae(targets: np.ndarray, predictions: np.ndarray) -> float:
     """Mean absolute error."""
-    return float(np.mean(np.abs(np.asarray(targets, np.float64) - np.asarray(predictions))))
+    return float(np.mean(row_absolute_errors(targets, predictions)))
 
 
 def ndcg_at_k(relevance: np.ndarray, scores: np.ndarray, k: int) -> float:

@@ -50,12 +50,11 @@ class _PooledAUC:
 
 
 def _row_losses(kind: str, labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
-    """Each row's loss: log loss (probabilities clipped as ``metrics.log_loss`` clips them)
-    for a binary head, absolute error for a rating head."""
+    """Each row's loss, whose mean is the report's: log loss for a binary head, absolute
+    error for a rating head."""
     if kind == "binary":
-        p = np.clip(predictions, 1e-7, 1.0 - 1e-7)
-        return -(labels * np.log(p) + (1.0 - labels) * np.log(1.0 - p))
-    return np.abs(labels - predictions)
+        return metrics.row_log_losses(labels, predictions)
+    return metrics.row_absolute_errors(labels, predictions)
 
 
 def _task_values(units: np.ndarray, n_units: int, relevance: np.ndarray,
