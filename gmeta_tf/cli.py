@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", action="append", metavar="PATH",
                     help="score this dataset directory or raw file instead of eval.data "
                          "(repeatable); each result goes to <run_dir>/eval/<name>.json")
+    ev.add_argument("--validation", action="store_true",
+                    help="also score the validation split (train.validation_split) the same "
+                         "way, first: which model to ship, chosen before the cold split is "
+                         "looked at (figures optimistic for every contender: checkpoints and "
+                         "settings were chosen on it)")
     ex = _with_config(sub.add_parser("export", help="export a SavedModel for serving"))
     ex.add_argument("--checkpoint", help="checkpoint directory (default: the model's best on "
                                          "validation, else the latest)")
@@ -195,11 +200,16 @@ def run_tune(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from gmeta_tf.training.cold_start import evaluate_pipeline
 
-    for result in evaluate_pipeline(_config(args), args.checkpoint, args.data):
+    for result in evaluate_pipeline(_config(args), args.checkpoint, args.data,
+                                    validation=args.validation):
         chosen = result.get("chosen") or {}
         steps = ", ".join(f"{n} step {c['step']}" for n, c in chosen.items())
         print(f"{result['name']} ({result['file']}; checkpoints: "
               f"{steps or result['checkpoint']})")
+        if result["role"] == "validation":
+            print("the validation split: checkpoints and settings were chosen on it, so every "
+                  "row's figures are optimistic; choose the model to ship here, the cold "
+                  "split is a test scored once")
         print(result["table"])
         print()
     return 0

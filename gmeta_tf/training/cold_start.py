@@ -103,7 +103,7 @@ def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:
 
 
 def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
-                      data: list[str] | None = None) -> list[dict]:
+                      data: list[str] | None = None, validation: bool = False) -> list[dict]:
     """Scores the run on its evaluation split and data files; writes one JSON each.
 
     Args:
@@ -111,6 +111,10 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         path: A checkpoint directory (default: each model's chosen one).
         data: Datasets or raw files to score (default ``eval.data``); the evaluation split
             is scored too when ``eval.split`` is set.
+        validation: Score the validation split (``train.validation_split``) first, the
+            same way: which model to ship, chosen before the cold split is looked at. Its
+            figures are optimistic for every contender (checkpoints, tuned settings and
+            the references' settings were chosen on it).
 
     Returns:
         Per scored set: ``{"name", "step", "checkpoint", "rows": [per-model metrics],
@@ -124,6 +128,14 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
     check_against_dataset(config, meta_io.Manifest.load(config.data.path), training=False,
                           eval_split=bool(config.eval.split))
     targets: list[tuple[str, str | None, str | None]] = []
+    if validation:
+        split = config.train.validation_split
+        splits = sorted({f.split for f in meta_io.Manifest.load(config.data.path).files})
+        if split not in splits:
+            raise ConfigError(f"config key 'train.validation_split' = {split!r} is not "
+                              f"allowed with gmeta eval --validation: expected a split of the "
+                              f"dataset at {config.data.path}, one of {splits}")
+        targets.append((split, split, None))
     if config.eval.split:
         targets.append((config.eval.split, config.eval.split, None))
     for item in (data if data is not None else config.eval.data):
@@ -148,8 +160,11 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         k_column = f"ndcg@{config.eval.ndcg_k}"
         columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
         columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
-        result = {"name": name, "step": info["step"], "checkpoint": info["directory"],
-                  "chosen": info.get("chosen"), "split": split, "data": dataset, "rows": rows,
+        role = ("validation" if validation and split == config.train.validation_split
+                else "evaluation" if split else "data")
+        result = {"name": name, "role": role, "step": info["step"],
+                  "checkpoint": info["directory"], "chosen": info.get("chosen"),
+                  "split": split, "data": dataset, "rows": rows,
                   "references": references.chosen, "paired": paired}
         file = out_dir / f"{name}.json"
         checkpoint.write_atomically(file, lambda tmp: Path(tmp).write_text(

@@ -39,10 +39,11 @@ def task_rows(batch: dict, role: str, t: int) -> dict[str, np.ndarray]:
     return {k: np.asarray(v[t])[real] for k, v in batch[role].items() if k != "mask"}
 
 
-def cold_query_rows(model, data_dir: Path, label: str, tasks_per_batch: int = 8):
-    """Every cold task's query rows scored by the model with no adaptation (a baseline CTR
-    model: fine-tuned 0 steps), as ``gmeta eval`` scores task models. Returns
-    ``(scores, labels, tasks)``."""
+def cold_query_rows(model, data_dir: Path, label: str, tasks_per_batch: int = 8,
+                    split: str = "cold"):
+    """Every cold task's (or ``split``'s) query rows scored by the model with no adaptation
+    (a baseline CTR model: fine-tuned 0 steps), as ``gmeta eval`` scores task models.
+    Returns ``(scores, labels, tasks)``."""
     from gmeta_tf import data as meta_io
     from gmeta_tf.meta import MetaModel, fine_tuned_predictions
 
@@ -51,7 +52,7 @@ def cold_query_rows(model, data_dir: Path, label: str, tasks_per_batch: int = 8)
     else:
         predict = fine_tuned_predictions(model, 0, 0.1)
     scores, labels, tasks = [], [], 0
-    for batch in meta_io.read_tasks(str(data_dir), tasks_per_batch, None, None, split="cold"):
+    for batch in meta_io.read_tasks(str(data_dir), tasks_per_batch, None, None, split=split):
         real = np.asarray(batch["query"]["mask"]) > 0
         scores.append(np.asarray(predict(batch))[real])
         labels.append(np.asarray(batch["query"][label])[real])

@@ -34,7 +34,7 @@ def trained(tiny_data, tmp_path_factory):
         "meta.inner_lr_per_element=true"]
     sets = [a for o in overrides for a in ("--set", o)]
     run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=900)
-    assert main(["eval", *sets]) == 0
+    assert main(["eval", "--validation", *sets]) == 0
     assert main(["export", *sets]) == 0
     return load_config("default", overrides)
 
@@ -79,6 +79,25 @@ def test_eval_compares_meta_model_with_baseline(trained):
             np.testing.assert_allclose(gap["gap"], adapted[metric] - rows[name][metric],
                                        atol=1e-9)
             assert gap["low"] <= gap["gap"] <= gap["high"] and 0.0 <= gap["first_better"] <= 1.0
+
+
+def test_eval_validation_scores_the_validation_split_the_same_way(trained):
+    """``gmeta eval --validation`` also writes eval/valid.json: the same contenders on every
+    validation task's query rows (recomputed here), with their paired gaps; cold.json is
+    still the cold split's."""
+    split = trained.train.validation_split
+    valid = json.loads(Path(trained.run_dir, "eval", f"{split}.json").read_text())
+    cold = json.loads(Path(trained.run_dir, "eval", f"{trained.eval.split}.json").read_text())
+    assert (valid["role"], valid["split"], cold["role"]) == ("validation", split, "evaluation")
+    assert [r["name"] for r in valid["rows"]] == [r["name"] for r in cold["rows"]]
+    assert [p["name"] for p in valid["paired"]] == [r["name"] for r in valid["rows"][1:]]
+    models, _ = restore_models(trained)
+    label = trained.eval.binary_label or models.model.head.label
+    scores, labels, tasks = cold_query_rows(models.model, trained.data.path, label, split=split)
+    plain = next(r for r in valid["rows"] if r["name"] == "meta, no adaptation")
+    assert (plain["tasks"], plain["rows"]) == (tasks, len(labels))
+    assert tasks != next(r for r in cold["rows"] if r["name"] == "meta, no adaptation")["tasks"]
+    np.testing.assert_allclose(plain["auc"], pooled_auc(labels, scores), atol=1e-4)
 
 
 def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, tmp_path):
