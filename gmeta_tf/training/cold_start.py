@@ -126,23 +126,19 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
     # Every key naming a split or a label is checked against every set to score before
     # the models are restored and anything is scored.
     check_against_dataset(config, meta_io.Manifest.load(config.data.path), training=False,
-                          eval_split=bool(config.eval.split))
-    targets: list[tuple[str, str | None, str | None]] = []
+                          eval_split=bool(config.eval.split), validation=validation)
+    # (name, split, dataset, role) of every set to score
+    targets: list[tuple[str, str | None, str | None, str]] = []
     if validation:
         split = config.train.validation_split
-        splits = sorted({f.split for f in meta_io.Manifest.load(config.data.path).files})
-        if split not in splits:
-            raise ConfigError(f"config key 'train.validation_split' = {split!r} is not "
-                              f"allowed with gmeta eval --validation: expected a split of the "
-                              f"dataset at {config.data.path}, one of {splits}")
-        targets.append((split, split, None))
+        targets.append((split, split, None, "validation"))
     if config.eval.split:
-        targets.append((config.eval.split, config.eval.split, None))
+        targets.append((config.eval.split, config.eval.split, None, "evaluation"))
     for item in (data if data is not None else config.eval.data):
         name, dataset = eval_dataset(config, item)
         check_against_dataset(config, meta_io.Manifest.load(dataset), training=False,
                               eval_split=False)
-        targets.append((name, None, dataset))
+        targets.append((name, None, dataset, "data"))
     if not targets:
         raise ConfigError("config key 'eval.split' = None is not allowed with no eval.data: "
                           "expected something to score (a split, or data files)")
@@ -151,7 +147,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
     os.makedirs(out_dir, exist_ok=True)
     references = fit_reference_predictors(models, config)
     results = []
-    for name, split, dataset in targets:
+    for name, split, dataset, role in targets:
         compared = comparison(models, config, split=split, path=dataset,
                               references=references)
         rows = comparison_dict(compared)
@@ -160,8 +156,6 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         k_column = f"ndcg@{config.eval.ndcg_k}"
         columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
         columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
-        role = ("validation" if validation and split == config.train.validation_split
-                else "evaluation" if split else "data")
         result = {"name": name, "role": role, "step": info["step"],
                   "checkpoint": info["directory"], "chosen": info.get("chosen"),
                   "split": split, "data": dataset, "rows": rows,

@@ -8,11 +8,12 @@ from gmeta_tf.config import ConfigError, PipelineConfig
 
 
 def check_against_dataset(config: PipelineConfig, manifest: meta_io.Manifest, *,
-                          training: bool, eval_split: bool) -> None:
+                          training: bool, eval_split: bool, validation: bool = False) -> None:
     """Raises ConfigError naming the first key whose split, column or label is missing.
 
     Checked: with ``training``, the training split ``warm`` and ``train.validation_split``
-    (when ``train.eval_every`` validates); with ``eval_split``, ``eval.split``; always
+    (when ``train.eval_every`` validates); with ``validation`` (``gmeta eval
+    --validation``), ``train.validation_split``; with ``eval_split``, ``eval.split``; always
     ``eval.binary_label`` and ``eval.relevance_label`` (labels of the dataset). Tables'
     features, dense features and ``model.head.label`` are checked where the models are
     built.
@@ -22,11 +23,13 @@ def check_against_dataset(config: PipelineConfig, manifest: meta_io.Manifest, *,
     if training and "warm" not in splits:
         raise ConfigError(f"config key 'data.path' = {config.data.path!r} is not allowed: the "
                           f"dataset has no 'warm' split to train on (its splits: {splits})")
-    validation = config.train.validation_split
-    if training and config.train.eval_every and validation not in splits:
-        raise ConfigError(f"config key 'train.validation_split' = {validation!r} is not "
-                          f"allowed: expected a split of {where}, one of {splits} (or "
-                          f"train.eval_every: 0 to train without validation)")
+    split = config.train.validation_split
+    validating = training and config.train.eval_every
+    if (validating or validation) and split not in splits:
+        hint = (" (or train.eval_every: 0 to train without validation)" if validating
+                else " to score with gmeta eval --validation")
+        raise ConfigError(f"config key 'train.validation_split' = {split!r} is not "
+                          f"allowed: expected a split of {where}, one of {splits}{hint}")
     if eval_split and config.eval.split not in splits:
         raise ConfigError(f"config key 'eval.split' = {config.eval.split!r} is not allowed: "
                           f"expected a split of {where}, one of {splits}")

@@ -100,6 +100,20 @@ def test_eval_validation_scores_the_validation_split_the_same_way(trained):
     np.testing.assert_allclose(plain["auc"], pooled_auc(labels, scores), atol=1e-4)
 
 
+def test_eval_validation_refuses_a_split_the_dataset_lacks(trained, tiny_data, capsys):
+    """A validation split the dataset does not have is named before anything is scored:
+    the key, the value and the splits there are; every result file stays as it was."""
+    eval_dir = Path(trained.run_dir, "eval")
+    before = {f.name: f.read_bytes() for f in eval_dir.iterdir()}
+    overrides = tiny_overrides(Path(trained.run_dir), tiny_data) + [
+        "train.validation_split=holdout"]
+    assert main(["eval", "--validation", *[a for o in overrides for a in ("--set", o)]]) == 2
+    assert ("config key 'train.validation_split' = 'holdout' is not allowed: expected a split "
+            "of the dataset scored, one of ['cold', 'valid', 'warm'] to score with gmeta eval "
+            "--validation") in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in eval_dir.iterdir()} == before
+
+
 def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, tmp_path):
     models, manifest = restore_models(trained)  # the best checkpoint, as gmeta export took
     model = models.model
