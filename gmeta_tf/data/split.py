@@ -41,6 +41,10 @@ class SplitConfig:
         min_rows: Tasks with fewer rows are dropped (MeLU: 13).
         max_rows: Tasks with more rows are dropped (MeLU: 100); None keeps them all.
         query_selection: "random" rows, or the "last" rows by the order column (time).
+        train_long_tasks: Keep the warm tasks (trained on) that have more than
+            ``max_rows`` rows: ``max_rows`` then bounds only the scored tasks (valid,
+            cold), and training draws a long task's rows anew each epoch up to the batch's
+            support slots. False: every long task is dropped (MeLU's protocol).
     """
 
     seed: int = 0
@@ -50,6 +54,7 @@ class SplitConfig:
     min_rows: int = config_fields.field(13, min=1)
     max_rows: int | None = config_fields.field(None, min=2)
     query_selection: QuerySelection = "random"
+    train_long_tasks: bool = False
 
     def __post_init__(self) -> None:
         config_fields.check(self)
@@ -141,6 +146,8 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[dict[str, pa.Tabl
     starts = _group_starts(tasks)
     sizes = np.diff(np.append(starts, len(tasks)))
     too_long = sizes > (config.max_rows if config.max_rows is not None else np.inf)
+    if config.train_long_tasks:
+        too_long &= split_of_tasks(tasks[starts], config) != 0
     keep_task = (sizes >= config.min_rows) & ~too_long
     counts["dropped_short"] = int((sizes < config.min_rows).sum())
     counts["dropped_long"] = int(too_long.sum())

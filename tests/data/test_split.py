@@ -70,3 +70,19 @@ def test_last_query_selection_takes_the_latest_rows(tmp_path):
         query = np.array(t["is_query"].to_pylist())[sel] == 1
         assert sorted(items[query]) == [0, 1, 2]  # largest ts = smallest i
         assert list(items[~query]) == list(range(14, 2, -1))  # time order
+
+
+def test_train_long_tasks_keeps_long_warm_tasks_only(raw_csv, tmp_path):
+    base = data.SplitConfig(query_size=10, min_rows=20, max_rows=25)
+    kept = data.SplitConfig(query_size=10, min_rows=20, max_rows=25, train_long_tasks=True)
+    a = data.convert_csv(str(raw_csv), str(tmp_path / "a"), data.synthetic.CSV_MAPPING, split=base)
+    b = data.convert_csv(str(raw_csv), str(tmp_path / "b"), data.synthetic.CSV_MAPPING, split=kept)
+    sa, sb = split_of(tmp_path / "a"), split_of(tmp_path / "b")
+    # The scored splits are the same tasks with the same support/query rows.
+    assert sa["valid"] == sb["valid"] and sa["cold"] == sb["cold"]
+    assert all(len(flags) <= 25 for name in ("valid", "cold") for flags in sb[name].values())
+    # Training gains exactly the long warm tasks, each whole.
+    gained = set(sb["warm"]) - set(sa["warm"])
+    assert gained and set(sa["warm"]) <= set(sb["warm"])
+    assert all(len(sb["warm"][t]) > 25 for t in gained)
+    assert b.split["dropped_long"] == a.split["dropped_long"] - len(gained)
