@@ -77,7 +77,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     split.add_argument("--min-rows", type=int,
                        help="drop tasks with fewer rows (at least query-size + 1). Default 13 "
                             "(criteo and synthetic 8)")
-    split.add_argument("--max-rows", type=int, help="drop tasks with more rows (default: none)")
+    split.add_argument("--max-rows", type=int,
+                       help="drop scored tasks (valid, cold) with more rows (default: none); "
+                            "longer warm tasks are trained on unless --no-train-long-tasks")
+    split.add_argument("--train-long-tasks", action=argparse.BooleanOptionalAction,
+                       help="keep warm tasks longer than --max-rows for training, their rows "
+                            "drawn anew each epoch (default); --no-train-long-tasks drops "
+                            "every long task (MeLU's protocol to the letter)")
     split.add_argument("--query-selection", choices=["random", "last"],
                        help="query rows at random (default) or a task's last rows by the "
                             "order column (order_by / --order-by)")
@@ -145,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _split(args: argparse.Namespace, defaults: SplitConfig) -> SplitConfig:
-    fields = ("warm_fraction", "valid_fraction", "query_size", "min_rows", "max_rows", "query_selection")
+    fields = ("warm_fraction", "valid_fraction", "query_size", "min_rows", "max_rows",
+              "query_selection", "train_long_tasks")
     given = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     return dataclasses.replace(defaults, seed=args.seed, **given)
 

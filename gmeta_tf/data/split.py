@@ -42,9 +42,10 @@ class SplitConfig:
         max_rows: Tasks with more rows are dropped (MeLU: 100); None keeps them all.
         query_selection: "random" rows, or the "last" rows by the order column (time).
         train_long_tasks: Keep the warm tasks (trained on) that have more than
-            ``max_rows`` rows: ``max_rows`` then bounds only the scored tasks (valid,
-            cold), and training draws a long task's rows anew each epoch up to the batch's
-            support slots. False: every long task is dropped (MeLU's protocol).
+            ``max_rows`` rows (the default): ``max_rows`` then bounds only the scored
+            tasks (valid, cold), and training draws a long task's rows anew each epoch up
+            to the batch's support slots. False: every long task is dropped (MeLU's
+            protocol to the letter).
     """
 
     seed: int = 0
@@ -54,7 +55,7 @@ class SplitConfig:
     min_rows: int = config_fields.field(13, min=1)
     max_rows: int | None = config_fields.field(None, min=2)
     query_selection: QuerySelection = "random"
-    train_long_tasks: bool = False
+    train_long_tasks: bool = True
 
     def __post_init__(self) -> None:
         config_fields.check(self)

@@ -33,3 +33,18 @@ def test_csv_with_flags_matches_the_yaml_mapping(raw_csv, tmp_path):
 def test_bad_input_exits_2_with_the_file_named(tmp_path, capsys):
     assert cli.main(["info", str(tmp_path)]) == 2
     assert f"{tmp_path}/manifest.json: no manifest" in capsys.readouterr().err
+
+
+def test_long_warm_tasks_are_trained_on_unless_the_flag_says_no(raw_csv, tmp_path):
+    protocol = ["--task", "user_id", "--label", "label", "--sparse", "user_id,item_id",
+                "--query-size", "10", "--min-rows", "20", "--max-rows", "25"]
+    assert cli.main(["csv", str(raw_csv), str(tmp_path / "kept"), *protocol]) == 0
+    assert cli.main(["csv", str(raw_csv), str(tmp_path / "dropped"), *protocol,
+                     "--no-train-long-tasks"]) == 0
+    kept = data.Manifest.load(str(tmp_path / "kept")).split
+    dropped = data.Manifest.load(str(tmp_path / "dropped")).split
+    assert kept["train_long_tasks"] is True and dropped["train_long_tasks"] is False
+    gained = kept["warm_tasks"] - dropped["warm_tasks"]
+    assert gained > 0 and kept["dropped_long"] == dropped["dropped_long"] - gained
+    assert (kept["valid_tasks"], kept["cold_tasks"]) == (dropped["valid_tasks"],
+                                                         dropped["cold_tasks"])

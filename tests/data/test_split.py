@@ -73,8 +73,8 @@ def test_last_query_selection_takes_the_latest_rows(tmp_path):
 
 
 def test_train_long_tasks_keeps_long_warm_tasks_only(raw_csv, tmp_path):
-    base = data.SplitConfig(query_size=10, min_rows=20, max_rows=25)
-    kept = data.SplitConfig(query_size=10, min_rows=20, max_rows=25, train_long_tasks=True)
+    base = data.SplitConfig(query_size=10, min_rows=20, max_rows=25, train_long_tasks=False)
+    kept = data.SplitConfig(query_size=10, min_rows=20, max_rows=25)  # the default keeps them
     a = data.convert_csv(str(raw_csv), str(tmp_path / "a"), data.synthetic.CSV_MAPPING, split=base)
     b = data.convert_csv(str(raw_csv), str(tmp_path / "b"), data.synthetic.CSV_MAPPING, split=kept)
     sa, sb = split_of(tmp_path / "a"), split_of(tmp_path / "b")
