@@ -49,6 +49,13 @@ interval against the baseline contains 0; over the seeds MAML minus the baseline
 seed 0, the pipeline's own settings on seeds 1 and 2; the baseline 4 fine-tuning steps,
 ridge 1 / 1 / off.
 
+``--ratings-only`` (the same command, 2026-11-25, 22 minutes): MAML 0.7454 / 0.7739 /
+0.8623 (AUC / MAE / nDCG@3, mean over seeds), the fine-tuned baseline 0.7423 / 0.7772 /
+0.8579, item mean + offset 0.7417 / 0.7831 / 0.8651. Against the baseline AUC
+-0.0016/+0.0080/+0.0028, MAE +0.0032/+0.0063/+0.0003, nDCG@3 -0.0002/-0.0024/+0.0157 (6
+of 9); against item mean + offset AUC -0.0049/+0.0139/+0.0022, MAE
++0.0098/+0.0131/+0.0045, nDCG@3 -0.0130/-0.0034/+0.0080 (6 of 9).
+
 The run before, with MeLU's protocol to the letter (users with more than 100 ratings
 dropped from training too; 2026-11-24, 21 minutes; 16-wide context vector, the plain loss
 at weight 0.3 beside the meta loss (``meta.plain_loss``), validation under 4 splits of
