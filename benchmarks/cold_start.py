@@ -41,7 +41,7 @@ trained on; cold users 129 / 110 / 123, scored once per seed; mean +- std over s
 Paired per seed (meta minus other, > 0 better): against the fine-tuned baseline AUC
 +0.0043/+0.0087/+0.0036, MAE +0.0064/+0.0140/+0.0019, nDCG@3 -0.0012/+0.0091/+0.0092 (8
 of 9); against item mean + offset AUC +0.0004/+0.0153/+0.0040, MAE +0.0111/+0.0250/+0.0047,
-nDCG@3 -0.0012/+0.0020/+0.0055 (7 of 9; the item mean has the same nDCG@3). Every per-seed
+nDCG@3 -0.0012/+0.0020/+0.0055 (8 of 9; the item mean has the same nDCG@3). Every per-seed
 interval against the baseline contains 0; over the seeds MAML minus the baseline is AUC
 +0.0055 [-0.0020, +0.0131], MAE +0.0074 [-0.0008, +0.0157], nDCG@3 +0.0057 [-0.0029,
 +0.0143]; against item mean + offset AUC +0.0066 [-0.0016, +0.0147], MAE +0.0136
