@@ -3,10 +3,11 @@
 Tasks are split into warm (``warm_fraction``) and cold, and a seeded ``valid_fraction`` of
 the warm tasks is held out as the validation split ("valid": what training evaluates,
 stops early and chooses checkpoints on; the cold split is only scored by ``gmeta eval``);
-every kept task is split into a support set and a query set of ``query_size`` rows, chosen at random or as the task's last
-rows by time; tasks with fewer than ``min_rows`` (or more than ``max_rows``) rows are
-dropped and counted. Every decision is a pure function of ``(seed, task id, row rank in the
-task)`` computed with a counter-based hash, so the split does not depend on how the input
+every kept task is split into a support set and a query set of ``query_size`` rows,
+chosen at random or as the task's last rows by time; tasks with fewer than ``min_rows``
+(or more than ``max_rows``, but for warm tasks kept by ``train_long_tasks``) rows are
+dropped and counted. Every decision is a pure function of ``(seed, task id, row rank in
+the task)`` computed with a counter-based hash, so the split does not depend on how the input
 was chunked or bucketed, and the same seed always reproduces it.
 """
 
@@ -39,7 +40,8 @@ class SplitConfig:
         query_size: Query rows per task; the task's other rows are its support set (0:
             no query rows, for row data that plain CTR models read whole).
         min_rows: Tasks with fewer rows are dropped (MeLU: 13).
-        max_rows: Tasks with more rows are dropped (MeLU: 100); None keeps them all.
+        max_rows: Tasks with more rows are dropped (MeLU: 100), but for the warm tasks
+            trained on when ``train_long_tasks``; None keeps them all.
         query_selection: "random" rows, or the "last" rows by the order column (time).
         train_long_tasks: Keep the warm tasks (trained on) that have more than
             ``max_rows`` rows (the default): ``max_rows`` then bounds only the scored
@@ -146,9 +148,10 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[dict[str, pa.Tabl
     tasks = tasks[order]
     starts = _group_starts(tasks)
     sizes = np.diff(np.append(starts, len(tasks)))
+    task_split = split_of_tasks(tasks[starts], config)
     too_long = sizes > (config.max_rows if config.max_rows is not None else np.inf)
     if config.train_long_tasks:
-        too_long &= split_of_tasks(tasks[starts], config) != 0
+        too_long &= task_split != 0
     keep_task = (sizes >= config.min_rows) & ~too_long
     counts["dropped_short"] = int((sizes < config.min_rows).sum())
     counts["dropped_long"] = int(too_long.sum())
@@ -165,9 +168,8 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[dict[str, pa.Tabl
         out = out.drop_columns([ORDER_COLUMN])
     out = out.append_column(QUERY_COLUMN, pa.array(is_query))
     row_split = split_of_tasks(out.column(TASK_COLUMN).to_numpy(), config)
-    task_split = split_of_tasks(tasks[starts][keep_task], config)
     for code, name in enumerate(SPLITS):
-        counts[f"{name}_tasks"] = int((task_split == code).sum())
+        counts[f"{name}_tasks"] = int((task_split[keep_task] == code).sum())
     return {name: out.filter(pa.array(row_split == code)) for code, name in enumerate(SPLITS)}, counts
 
 
