@@ -139,11 +139,12 @@ class ModelConfig:
     """Tables, tower and head.
 
     ``tower: dlrm`` reads ``sparse_features`` (default: every feature of the tables) and
-    ``dense_features`` (name -> width), and with ``linear`` (default) adds the first-order
-    term (a weight per id and per dense input, as a logistic regression has) to its logit;
-    ``tower: melu`` reads ``item_features`` then ``user_features``, and with
-    ``context_dim`` > 0 a context vector of that width (CAVIA: adapt only it with
-    ``meta.fast_weights: [context]``). Multi-hot features are mean-pooled.
+    ``dense_features`` (name -> width); ``tower: melu`` reads ``item_features`` then
+    ``user_features``, and with ``context_dim`` > 0 a context vector of that width (CAVIA:
+    adapt only it with ``meta.fast_weights: [context]``). With ``linear`` (default) either
+    tower adds the first-order term to its output: a weight per id (one more column of
+    every table row) and, in DLRM, per dense input, as a logistic regression or a bias
+    model has. Multi-hot features are mean-pooled.
     """
 
     tower: Literal["dlrm", "melu"] = "dlrm"
@@ -163,8 +164,8 @@ class ModelConfig:
 
     @property
     def table_dim(self) -> int:
-        """Columns of every table row: the embedding, plus DLRM's linear weight."""
-        return self.embedding_dim + (1 if self.tower == "dlrm" and self.linear else 0)
+        """Columns of every table row: the embedding, plus the linear weight."""
+        return self.embedding_dim + (1 if self.linear else 0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -119,8 +119,9 @@ class TaskAdapter:
         """Every task's output layer as the ridge fit of its support ratings.
 
         With ``h`` the last hidden layer under the fast weights (plus a 1 for the bias),
-        ``w0`` the slow output layer and ``L`` the diagonal of strengths, the task's layer
-        is ``w0 + (sum h h' + L)^-1 sum h (y - offset - h'w0)`` over its real support rows:
+        ``w0`` the slow output layer, ``l`` the tower's linear term and ``L`` the diagonal
+        of strengths, the task's layer is ``w0 + (sum h h' + L)^-1 sum h (y - offset - l -
+        h'w0)`` over its real support rows:
         the minimiser of its summed squared error plus ``sum L (w - w0)^2`` (strengths below
         ``MIN_RIDGE`` count as it). Differentiable in ``h``, ``w0`` and ``L`` (the outer
         loop learns through it).
@@ -132,6 +133,9 @@ class TaskAdapter:
         mask = tf.cast(support.mask, tf.float32)[..., None]
         residual = (tf.cast(support.labels, tf.float32) - self.head.offset
                     - tf.linalg.matvec(z, prior))                              # [T, S]
+        linear = self.tower.linear_term(params, self._inputs(fast, support))
+        if linear is not None:  # the first-order term beside the output layer stays as is
+            residual -= linear
         # Solved in float64: the Gram matrix of ~50 rows and the smallest learned strengths
         # can be too ill-conditioned for a float32 Cholesky factor.
         z64, mask64 = tf.cast(z, tf.float64), tf.cast(mask, tf.float64)

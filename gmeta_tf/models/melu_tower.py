@@ -23,6 +23,13 @@ class MeLUTower(Tower):
     while the MLP, shared by every task, cannot memorise one; the MLP's first layer sees
     ``concat(embeddings, context)``.
 
+    With ``linear`` the output also adds the first-order term: each embedded row carries
+    one more column, its id's weight (an item's bias, a user group's), summed beside the
+    output layer (a multi-hot feature's pooled one). The term lives in the embedding rows,
+    so adapting the decision layers per user leaves each item's learned bias as it is, as
+    the item mean + user offset reference keeps it; the adapted output bias is the user's
+    offset. The tower then reads rows of ``embedding_dim + 1`` (``input_width``).
+
     Args:
         item_features: Embedded item feature names (e.g. item_id, genres, year).
         user_features: Embedded user feature names (e.g. age, gender, occupation, zip).
@@ -30,6 +37,7 @@ class MeLUTower(Tower):
         hidden_units: Widths of the hidden ReLU layers (MeLU: 64, 64).
         seed: Initializer seed.
         context_dim: Width of the context vector (0: none).
+        linear: Add the first-order term (see above).
 
     Example::
 
@@ -39,7 +47,7 @@ class MeLUTower(Tower):
 
     def __init__(self, item_features: Sequence[str], user_features: Sequence[str],
                  embedding_dim: int, hidden_units: Sequence[int] = (64, 64), seed: int = 0,
-                 context_dim: int = 0, **kwargs):
+                 context_dim: int = 0, linear: bool = False, **kwargs):
         super().__init__(tuple(item_features) + tuple(user_features), embedding_dim, None, seed,
                          **kwargs)
         self.item_features, self.user_features = tuple(item_features), tuple(user_features)
@@ -47,6 +55,11 @@ class MeLUTower(Tower):
         if not isinstance(context_dim, int) or isinstance(context_dim, bool) or context_dim < 0:
             raise ValueError(f"{self.name}: context_dim={context_dim!r}, expected an int >= 0")
         self.context_dim = context_dim
+        self.linear = bool(linear)
+
+    @property
+    def input_width(self) -> int:
+        return self.embedding_dim + (1 if self.linear else 0)
 
     def _create_weights(self) -> dict[str, tf.Variable]:
         params = {}
@@ -62,7 +75,8 @@ class MeLUTower(Tower):
         return layer_names("mlp", len(self.hidden_units) + 1)[-1]
 
     def hidden(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
-        x = tf.concat([features[f] for f in self.sparse_features], axis=-1)
+        x = tf.concat([features[f][..., :self.embedding_dim] for f in self.sparse_features],
+                      axis=-1)
         if self.context_dim:
             context = params["context"]
             if context.shape.rank == 2:      # one context per task: [T, C], x [T, N, W]
@@ -73,8 +87,15 @@ class MeLUTower(Tower):
 
     def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         kernel, bias = self.output_layer
-        return tf.squeeze(dense(self.hidden(params, features), params[kernel], params[bias]),
-                          axis=-1)
+        out = tf.squeeze(dense(self.hidden(params, features), params[kernel], params[bias]),
+                         axis=-1)
+        linear = self.linear_term(params, features)
+        return out if linear is None else out + linear
+
+    def linear_term(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor | None:
+        if not self.linear:
+            return None
+        return tf.add_n([features[f][..., self.embedding_dim] for f in self.sparse_features])
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -82,5 +103,5 @@ class MeLUTower(Tower):
             config.pop(key)
         config.update(item_features=list(self.item_features),
                       user_features=list(self.user_features), hidden_units=list(self.hidden_units),
-                      context_dim=self.context_dim)
+                      context_dim=self.context_dim, linear=self.linear)
         return config

@@ -69,13 +69,19 @@ class Tower(tf.keras.layers.Layer):
         raise NotImplementedError
 
     #: ``(kernel, bias)`` names of the output layer, a linear map of ``hidden`` to the raw
-    #: output (None: the tower has no such layer, e.g. DLRM adds a linear term beside it).
+    #: output (None: the tower has no such layer, e.g. DLRM's top MLP).
     output_layer: tuple[str, str] | None = None
 
     def hidden(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         """The last hidden layer ``[..., width]``, which ``output_layer`` maps to the raw
-        output: ``apply == hidden @ kernel + bias`` (towers with an ``output_layer``)."""
+        output: ``apply == hidden @ kernel + bias + linear_term`` (towers with an
+        ``output_layer``)."""
         raise NotImplementedError(f"{self.name} has no output layer over a hidden layer")
+
+    def linear_term(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor | None:
+        """The part of the raw output added beside the output layer ``[...]`` (a
+        first-order term), None when the tower has none."""
+        return None
 
     def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         return self.apply(self.params(), features)

@@ -102,7 +102,7 @@ def make_tower(model: ModelConfig, name: str) -> Tower:
     if model.tower == "melu":
         return MeLUTower(model.item_features, model.user_features, model.embedding_dim,
                          model.hidden_units, seed=model.seed,
-                         context_dim=model.context_dim, name=name)
+                         context_dim=model.context_dim, linear=model.linear, name=name)
     return DLRMTower(tower_sparse_features(model), model.embedding_dim,
                      dict(model.dense_features) or None, model.bottom_units, model.top_units,
                      seed=model.seed, linear=model.linear, name=name)

@@ -292,3 +292,42 @@ def test_plain_loss_adds_its_weight_times_the_plain_gradient(algorithm):
 def test_plain_loss_is_refused_under_reptile():
     with pytest.raises(ValueError, match="plain_loss"):
         MetaConfig("reptile", plain_loss=1.0)
+
+
+def test_ridge_fit_leaves_the_towers_linear_term_as_it_is():
+    """With a first-order term beside the output layer (``MeLUTower(linear=True)``), the
+    ridge solve fits each task's output layer to what the term leaves: ``y - offset -
+    linear - h'w0`` on the real support rows, checked against the normal equations."""
+    from gmeta_tf.meta.task_adapter import TaskAdapter
+    from gmeta_tf.meta.task_batch import RoleBatch
+    from gmeta_tf.models import MeLUTower, RatingHead
+
+    tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3,
+                      linear=True)
+    params = {n: tf.constant(v.numpy()) for n, v in tower.params().items()}
+    strengths = np.linspace(0.5, 2.0, tiny.HIDDEN + 1).astype(np.float32)
+    adapter = TaskAdapter(tower, RatingHead("rating", offset=3.0), tuple(params), (), 1,
+                          ridge=lambda: tf.constant(strengths))
+    rng = np.random.default_rng(5)
+    tasks, rows = 3, 7
+    inputs = {f: tf.constant(rng.normal(size=(tasks, rows, tiny.DIM + 1)), tf.float32)
+              for f in ("item_id", "user_id")}
+    labels = rng.integers(1, 6, (tasks, rows)).astype(np.float32)
+    mask = np.ones((tasks, rows), np.float32)
+    mask[:, -2:] = 0.0
+    fast = {n: tf.broadcast_to(v, (tasks, *v.shape)) for n, v in params.items()}
+    solved = adapter.solve_output_layer(params, fast,
+                                        RoleBatch(inputs, tf.constant(labels), tf.constant(mask), {}))
+    kernel, bias = tower.output_layer
+    prior = np.concatenate([params[kernel].numpy()[:, 0], params[bias].numpy()])
+    for t in range(tasks):
+        real = mask[t] > 0
+        one = {f: tf.boolean_mask(v[t], real) for f, v in inputs.items()}
+        h = tower.hidden(params, one).numpy()
+        z = np.concatenate([h, np.ones((len(h), 1), np.float32)], axis=1)
+        linear = (one["item_id"][:, tiny.DIM] + one["user_id"][:, tiny.DIM]).numpy()
+        residual = labels[t][real] - 3.0 - linear - z @ prior
+        layer = prior + np.linalg.solve(z.T @ z + np.diag(strengths), z.T @ residual)
+        np.testing.assert_allclose(solved[kernel][t, :, 0].numpy(), layer[:-1], rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(solved[bias][t].numpy(), layer[-1:], rtol=1e-4, atol=1e-5)

@@ -71,6 +71,30 @@ def test_melu_context_is_an_input_of_the_first_layer_starting_at_zero():
         MeLUTower(["a"], ["b"], DIM, context_dim=-1)
 
 
+def test_melu_linear_term_is_the_rows_last_column_summed_beside_the_mlp():
+    """With ``linear`` each row has one more column, the id's weight: the MLP reads the
+    first ``DIM`` columns as the tower without it does, the output adds the weights' sum,
+    and the ridge solve's contract ``apply == hidden @ kernel + bias + linear_term`` holds."""
+    plain = MeLUTower(["item_id"], ["age"], DIM, hidden_units=(5,), seed=2)
+    linear = MeLUTower(["item_id"], ["age"], DIM, hidden_units=(5,), seed=2, linear=True)
+    assert (plain.input_width, linear.input_width) == (DIM, DIM + 1)
+    assert linear.get_config()["linear"] and plain.linear_term(plain.params(), {}) is None
+    rng = np.random.default_rng(3)
+    wide = {k: rng.normal(size=(2, 4, DIM + 1)).astype(np.float32) for k in ("item_id", "age")}
+    narrow = {k: v[..., :DIM] for k, v in wide.items()}
+    params = linear.params()
+    for n, v in plain.params().items():
+        np.testing.assert_array_equal(v.numpy(), params[n].numpy())
+    out = linear.apply(params, wide).numpy()
+    bias = wide["item_id"][..., DIM] + wide["age"][..., DIM]
+    np.testing.assert_allclose(out, plain.apply(plain.params(), narrow).numpy() + bias,
+                               rtol=1e-5, atol=1e-6)
+    kernel, b = linear.output_layer
+    via_hidden = (tf.squeeze(linear.hidden(params, wide) @ params[kernel], -1) + params[b]
+                  + linear.linear_term(params, wide))
+    np.testing.assert_allclose(out, via_hidden.numpy(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dense", [None, {"d": 3}], ids=["deepfm", "dlrm"])
 def test_dlrm_interactions_are_pairwise_dots(dense):
     """With a linear top (no hidden layer) whose kernel picks one input, the logit is that
