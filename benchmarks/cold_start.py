@@ -223,13 +223,15 @@ def ratings_only_config(work: Path) -> Path:
     return path
 
 
-def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str) -> dict:
+def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str,
+             raw: Path | None = None) -> dict:
+    """tune -> train -> eval of ``config`` at ``seed`` (and ``data.raw`` set to ``raw``)."""
     run_dir = work / f"seed{seed}"
     overrides = [f"run_dir={run_dir}", f"data.path={work / f'data-seed{seed}'}",
                  f"export.dir={run_dir}/export", f"data.seed={seed}", f"model.seed={seed}",
                  f"train.shuffle_seed={seed}"]
-    if config == "movielens":
-        overrides.append(f"data.raw={ML100K}")
+    if raw is not None:
+        overrides.append(f"data.raw={raw}")
     if quick:
         overrides += ["train.steps=100", "train.eval_every=25"]
     sets = [a for o in overrides for a in ("--set", o)]
@@ -345,9 +347,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp).resolve()
         work.mkdir(parents=True, exist_ok=True)
-        config = str(ratings_only_config(work)) if args.ratings_only else "movielens"
+        # The ratings-only config names its raw file; the shipped pipeline reads ML100K.
+        config, raw = ((str(ratings_only_config(work)), None) if args.ratings_only
+                       else ("movielens", ML100K))
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            runs = list(pool.map(lambda s: run_seed(s, work, trials, args.quick, config),
+            runs = list(pool.map(lambda s: run_seed(s, work, trials, args.quick, config, raw),
                                  seeds))
     table = summarize(runs)
     print_table(table, seeds)
