@@ -11,7 +11,8 @@ of ``train.pretrain_steps``). A model whose loss is not finite stops training at
 log or validation step, put back to its best checkpoint, while the other trains on (a
 diverging meta model does not cut the baseline's run short, nor the reverse: in
 ``gmeta tune`` each trial's two models get their full run); when no model is left, or the
-diverged one has no best checkpoint yet, training stops. Rank 0 draws the progress bar and writes
+diverged one has no best checkpoint yet, training stops (``gmeta tune`` then trains the
+other again beside the pipeline's own settings). Rank 0 draws the progress bar and writes
 TensorBoard scalars; figures that differ per rank (loss, samples, table sizes, all-to-all
 bytes) are summed or averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``:
 every rank writes its table shards) are written every ``train.checkpoint_every`` steps and

@@ -15,6 +15,9 @@ validation score is noisy, and an unstable setting can win one run by luck, so t
 another batch order (``model.seed`` and ``train.shuffle_seed`` + 1; re-check i pairs the
 meta model's i-th best with the baseline's i-th best, so both studies get the same number
 of re-checks) and each study's choice is the setting with the best mean of its two runs.
+A model whose loss is not finite before its first validation stops its trial's run; the
+other model's settings are then trained again beside it at the pipeline's own settings, so
+one study's diverging setting never costs the other study its trial.
 Trials run at ``--np`` ranks: the batch of a step is ``data.tasks_per_batch`` per rank, so
 tune at the world size you will train at (``tuned.yaml`` records it and ``gmeta train``
 warns when it differs). Search spaces (ranges below): the meta model's inner steps k, inner
@@ -208,6 +211,15 @@ def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
     return values, steps, "ok"
 
 
+def _diverged(run_dir: Path) -> list[str]:
+    """The models whose training loss was not finite in a run (its train_summary.json)."""
+    try:
+        summary = json.loads((run_dir / "train_summary.json").read_text())
+        return [str(n) for n in summary.get("diverged_at") or {}]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
 def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
          patience: int = 3, seed: int = 0, rechecks: int = 2) -> dict:
     """Runs the studies and writes ``tuned.yaml``; returns the summary.
@@ -252,6 +264,28 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         log.info("trial %d/%d: %s", number + 1, trials, merged)
         values, steps, status = run_trial(config_arg, overrides, root / f"trial-{number}",
                                           merged, np_, patience)
+        cut_short = [n for n in studies if n not in values]
+        diverged = [n for n in _diverged(root / f"trial-{number}") if n in cut_short]
+        cut_short = [n for n in cut_short if n not in diverged]
+        if diverged and cut_short and status == "ok":
+            # A model whose loss is not finite before its first validation stops the run,
+            # so the others' settings were never scored. Each model trains its own weights
+            # on the same batches: they are trained again beside the diverged models at
+            # the pipeline's own settings, so every study gets its trial.
+            stand_in = dict(merged)
+            for name in diverged:
+                own = optuna.trial.FixedTrial(pipeline_params(name, config))
+                stand_in.update(spaces[name](own, config))
+            log.info("trial %d: the %s diverged before its first validation; the %s trains "
+                     "again beside it at the pipeline's own settings", number + 1,
+                     " and the ".join(diverged), " and the ".join(cut_short))
+            again, again_steps, again_status = run_trial(
+                config_arg, overrides, root / f"trial-{number}-again", stand_in, np_, patience)
+            values.update({n: again[n] for n in cut_short if n in again})
+            steps.update({n: again_steps[n] for n in cut_short if n in again_steps})
+            status = (f"ok: the {' and the '.join(diverged)} diverged before its first "
+                      f"validation; the {' and the '.join(cut_short)} trained again beside it "
+                      f"at the pipeline's own settings ({again_status})")
         for name, study in studies.items():
             value = values.get(name)
             if value is None or math.isnan(value):

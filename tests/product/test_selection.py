@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -440,3 +441,37 @@ def test_validation_scores_each_task_under_several_splits_of_its_rows(tiny_data,
             np.mean([r[metric] for r in per_split]), rel=1e-6)
     assert results["model"]["tasks"] == per_split[0]["tasks"]
     assert results["model"]["rows"] == sum(r["rows"] for r in per_split)
+
+
+def test_gmeta_tune_trains_the_baseline_again_when_the_meta_model_diverges_at_once(
+        tiny_data, tmp_path, monkeypatch):
+    """A meta setting whose loss is not finite before the first validation stops that
+    trial's run; the baseline's setting of the trial is still scored (trained again beside
+    the pipeline's own meta settings), so the baseline's study keeps its every trial."""
+    import optuna
+
+    from gmeta_tf.training import tuning
+
+    searched = tuning._meta_space
+
+    def diverging_first_trial(trial, config):
+        settings = searched(trial, config)
+        if isinstance(trial, optuna.trial.Trial) and trial.number == 0:
+            settings["train.learning_rate"] = 1e12
+        return settings
+
+    monkeypatch.setattr(tuning, "_meta_space", diverging_first_trial)
+    overrides = tiny_overrides(tmp_path, tiny_data, steps=8) + [
+        "train.eval_every=4", "train.log_every=1"]
+    tuning.tune("default", overrides, trials=2, patience=1, rechecks=0)
+    trials = json.loads(Path(tmp_path, "tune", "trials.json").read_text())["trials"]
+    first = trials[0]
+    assert first["settings"]["model"]["train.learning_rate"] == 1e12
+    assert set(first["values"]) == {"baseline"} and math.isfinite(first["values"]["baseline"])
+    assert "the model diverged before its first validation" in first["status"]
+    again = yaml.safe_load(Path(tmp_path, "tune", "trial-0-again", "config.yaml").read_text())
+    assert again["train"]["learning_rate"] == load_config("default", overrides,
+                                                          tuned=False).train.learning_rate
+    assert again["train"]["baseline_learning_rate"] == \
+        first["settings"]["baseline"]["train.baseline_learning_rate"]
+    assert set(trials[1]["values"]) == {"model", "baseline"}
