@@ -25,29 +25,31 @@ standard deviation over the seeds, and the meta model's paired difference agains
 other row per seed (> 0: the meta model is better; MAE: the other's minus the meta's) with
 the 95% interval ``gmeta eval`` gives it (paired bootstrap over the seed's cold users).
 
-Result (``python -m benchmarks.cold_start --seeds 0,1,2 --trials 8 --jobs 2``,
-2026-11-25, 24 minutes; the pipeline as shipped, warm users with more than 100 ratings
-trained on; cold users 129 / 110 / 123, scored once per seed; mean +- std over seeds):
+Result (``python -m benchmarks.cold_start --seeds 0,1,2,3,4 --trials 8 --jobs 2``,
+2026-11-25, 54 minutes beside a CI run; the pipeline as shipped, warm users with more than
+100 ratings trained on; cold users 129 / 110 / 123 / 114 / 125, scored once per seed;
+mean +- std over seeds):
 
   row                                  AUC              MAE              nDCG@3
-  meta (maml)                          0.7483 +-0.0050  0.7695 +-0.0068  0.8672 +-0.0019
-  meta, no adaptation                  0.6565 +-0.0092  0.8816 +-0.0074  0.8596 +-0.0026
-  baseline fine-tuned                  0.7427 +-0.0073  0.7769 +-0.0092  0.8615 +-0.0065
-  baseline, no fine-tuning             0.6513 +-0.0074  0.8907 +-0.0029  0.8595 +-0.0047
-  reference: global mean               0.5000           0.9636 +-0.0045  0.7814 +-0.0099
-  reference: item_id mean              0.6875 +-0.0063  0.8523 +-0.0051  0.8651 +-0.0046
-  reference: item_id mean + offset     0.7417 +-0.0111  0.7831 +-0.0115  0.8651 +-0.0046
+  meta (maml)                          0.7538 +-0.0090  0.7651 +-0.0095  0.8641 +-0.0022
+  meta, no adaptation                  0.6569 +-0.0097  0.8744 +-0.0121  0.8595 +-0.0043
+  baseline fine-tuned                  0.7482 +-0.0090  0.7741 +-0.0094  0.8612 +-0.0063
+  baseline, no fine-tuning             0.6526 +-0.0066  0.8818 +-0.0123  0.8608 +-0.0047
+  reference: global mean               0.5000           0.9562 +-0.0102  0.7885 +-0.0126
+  reference: item_id mean              0.6861 +-0.0163  0.8465 +-0.0136  0.8638 +-0.0042
+  reference: item_id mean + offset     0.7475 +-0.0125  0.7764 +-0.0150  0.8638 +-0.0042
 
 Paired per seed (meta minus other, > 0 better): against the fine-tuned baseline AUC
-+0.0043/+0.0087/+0.0036, MAE +0.0064/+0.0140/+0.0019, nDCG@3 -0.0012/+0.0091/+0.0092 (8
-of 9); against item mean + offset AUC +0.0004/+0.0153/+0.0040, MAE +0.0111/+0.0250/+0.0047,
-nDCG@3 -0.0012/+0.0020/+0.0055 (8 of 9; the item mean has the same nDCG@3). Every per-seed
-interval against the baseline contains 0; over the seeds MAML minus the baseline is AUC
-+0.0055 [-0.0020, +0.0131], MAE +0.0074 [-0.0008, +0.0157], nDCG@3 +0.0057 [-0.0029,
-+0.0143]; against item mean + offset AUC +0.0066 [-0.0016, +0.0147], MAE +0.0136
-[+0.0035, +0.0237], nDCG@3 +0.0021 [-0.0066, +0.0108]. Chosen: MAML k 2 with ridge 3 on
-seed 0, the pipeline's own settings on seeds 1 and 2; the baseline 4 fine-tuning steps,
-ridge 1 / 1 / off.
++0.0046/+0.0085/+0.0066/+0.0093/-0.0008, MAE +0.0075/+0.0123/+0.0100/+0.0081/+0.0071,
+nDCG@3 -0.0067/+0.0087/+0.0058/+0.0112/-0.0046 (12 of 15); against item mean + offset AUC
++0.0006/+0.0152/+0.0071/+0.0039/+0.0047, MAE +0.0122/+0.0233/+0.0128/-0.0015/+0.0096,
+nDCG@3 -0.0067/+0.0015/+0.0021/+0.0068/-0.0023 (12 of 15; the item mean has the same
+nDCG@3). Over the seeds MAML minus the baseline is AUC +0.0056 [+0.0004, +0.0109], MAE
++0.0090 [+0.0035, +0.0145], nDCG@3 +0.0029 [-0.0038, +0.0095]; against item mean +
+offset AUC +0.0063 [+0.0004, +0.0122], MAE +0.0113 [+0.0045, +0.0180], nDCG@3 +0.0003
+[-0.0066, +0.0071]. The 3-seed run earlier that day (seed 0's baseline then lost the
+trial its meta model diverged in): MAML 0.7483 / 0.7695 / 0.8672, the baseline 0.7427 /
+0.7769 / 0.8615, 8 of 9 per-seed comparisons won against each.
 
 ``--ratings-only`` (the same command, 2026-11-25, 22 minutes): MAML 0.7454 / 0.7739 /
 0.8623 (AUC / MAE / nDCG@3, mean over seeds), the fine-tuned baseline 0.7423 / 0.7772 /
