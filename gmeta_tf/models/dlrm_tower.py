@@ -45,18 +45,13 @@ class DLRMTower(Tower):
                  dense_features: Mapping[str, int] | None = None,
                  bottom_units: Sequence[int] = (64,), top_units: Sequence[int] = (64, 32),
                  seed: int = 0, linear: bool = False, **kwargs):
-        super().__init__(sparse_features, embedding_dim, dense_features, seed, **kwargs)
-        self.linear = bool(linear)
+        super().__init__(sparse_features, embedding_dim, dense_features, seed, linear, **kwargs)
         self.bottom_units = tuple(int(u) for u in bottom_units)
         self.top_units = tuple(int(u) for u in top_units)
         vectors = len(self.sparse_features) + (1 if self.dense_features else 0)
         upper = np.triu_indices(vectors, k=1)
         self._pairs = tf.constant(upper[0] * vectors + upper[1], tf.int32)
         self._num_vectors = vectors
-
-    @property
-    def input_width(self) -> int:
-        return self.embedding_dim + (1 if self.linear else 0)
 
     @property
     def _top_input_width(self) -> int:
@@ -80,8 +75,7 @@ class DLRMTower(Tower):
         return params
 
     def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
-        rows = [features[f] for f in self.sparse_features]
-        vectors = [r[..., :self.embedding_dim] for r in rows] if self.linear else rows
+        vectors = self.vectors(features)
         dense_in = self._dense_input(features)
         if dense_in is not None:
             bottom = apply_dense_stack(params, "bottom", len(self.bottom_units) + 1, dense_in)
@@ -97,13 +91,12 @@ class DLRMTower(Tower):
         x = apply_dense_stack(params, "top", len(self.top_units) + 1, x, activate_last=False)
         logit = tf.squeeze(x, axis=-1)
         if self.linear:
-            logit += tf.add_n([r[..., self.embedding_dim] for r in rows])
+            logit += self.linear_term(params, features)
             if dense_in is not None:
                 logit += tf.reduce_sum(dense_in * params["linear/dense"], axis=-1)
         return logit
 
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update(bottom_units=list(self.bottom_units), top_units=list(self.top_units),
-                      linear=self.linear)
+        config.update(bottom_units=list(self.bottom_units), top_units=list(self.top_units))
         return config

@@ -49,17 +49,12 @@ class MeLUTower(Tower):
                  embedding_dim: int, hidden_units: Sequence[int] = (64, 64), seed: int = 0,
                  context_dim: int = 0, linear: bool = False, **kwargs):
         super().__init__(tuple(item_features) + tuple(user_features), embedding_dim, None, seed,
-                         **kwargs)
+                         linear, **kwargs)
         self.item_features, self.user_features = tuple(item_features), tuple(user_features)
         self.hidden_units = tuple(int(u) for u in hidden_units)
         if not isinstance(context_dim, int) or isinstance(context_dim, bool) or context_dim < 0:
             raise ValueError(f"{self.name}: context_dim={context_dim!r}, expected an int >= 0")
         self.context_dim = context_dim
-        self.linear = bool(linear)
-
-    @property
-    def input_width(self) -> int:
-        return self.embedding_dim + (1 if self.linear else 0)
 
     def _create_weights(self) -> dict[str, tf.Variable]:
         params = {}
@@ -75,8 +70,7 @@ class MeLUTower(Tower):
         return layer_names("mlp", len(self.hidden_units) + 1)[-1]
 
     def hidden(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
-        x = tf.concat([features[f][..., :self.embedding_dim] for f in self.sparse_features],
-                      axis=-1)
+        x = tf.concat(self.vectors(features), axis=-1)
         if self.context_dim:
             context = params["context"]
             if context.shape.rank == 2:      # one context per task: [T, C], x [T, N, W]
@@ -92,16 +86,11 @@ class MeLUTower(Tower):
         linear = self.linear_term(params, features)
         return out if linear is None else out + linear
 
-    def linear_term(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor | None:
-        if not self.linear:
-            return None
-        return tf.add_n([features[f][..., self.embedding_dim] for f in self.sparse_features])
-
     def get_config(self) -> dict:
         config = super().get_config()
         for key in ("sparse_features", "dense_features"):
             config.pop(key)
         config.update(item_features=list(self.item_features),
                       user_features=list(self.user_features), hidden_units=list(self.hidden_units),
-                      context_dim=self.context_dim, linear=self.linear)
+                      context_dim=self.context_dim)
         return config

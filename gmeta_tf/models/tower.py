@@ -24,10 +24,14 @@ class Tower(tf.keras.layers.Layer):
             1, ``[..., width]`` otherwise).
         embedding_dim: Width of every embedded feature.
         seed: Seed of the weight initializers.
+        linear: The first-order term: every embedded row carries one more column, its
+            id's weight, and ``linear_term`` sums the features' weights (a multi-hot
+            feature's pooled one) into the raw output.
     """
 
     def __init__(self, sparse_features: Sequence[str], embedding_dim: int,
-                 dense_features: Mapping[str, int] | None = None, seed: int = 0, **kwargs):
+                 dense_features: Mapping[str, int] | None = None, seed: int = 0,
+                 linear: bool = False, **kwargs):
         super().__init__(**kwargs)
         if not sparse_features:
             raise ValueError(f"{self.name}: sparse_features is empty, expected at least one name")
@@ -37,13 +41,20 @@ class Tower(tf.keras.layers.Layer):
         self.dense_features = dict(dense_features or {})
         self.embedding_dim = int(embedding_dim)
         self.seed = int(seed)
+        self.linear = bool(linear)
         self._params: dict[str, tf.Variable] = {}
 
     @property
     def input_width(self) -> int:
-        """Width of each embedded feature the tower reads (``embedding_dim``, plus any
-        columns a subclass reads besides the vector, e.g. DLRM's linear weight)."""
-        return self.embedding_dim
+        """Width of each embedded feature the tower reads: ``embedding_dim``, plus the
+        id's weight with ``linear``."""
+        return self.embedding_dim + (1 if self.linear else 0)
+
+    def vectors(self, features: Mapping[str, tf.Tensor]) -> list[tf.Tensor]:
+        """The embedding vectors ``[..., embedding_dim]`` of the sparse features, in order
+        (without the linear weight column)."""
+        rows = [features[f] for f in self.sparse_features]
+        return [r[..., :self.embedding_dim] for r in rows] if self.linear else rows
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -79,9 +90,11 @@ class Tower(tf.keras.layers.Layer):
         raise NotImplementedError(f"{self.name} has no output layer over a hidden layer")
 
     def linear_term(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor | None:
-        """The part of the raw output added beside the output layer ``[...]`` (a
-        first-order term), None when the tower has none."""
-        return None
+        """The first-order term of the raw output ``[...]``: the sum of the sparse
+        features' id weights (None without ``linear``)."""
+        if not self.linear:
+            return None
+        return tf.add_n([features[f][..., self.embedding_dim] for f in self.sparse_features])
 
     def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         return self.apply(self.params(), features)
@@ -97,5 +110,5 @@ class Tower(tf.keras.layers.Layer):
     def get_config(self) -> dict:
         config = super().get_config()
         config.update(sparse_features=list(self.sparse_features), embedding_dim=self.embedding_dim,
-                      dense_features=self.dense_features, seed=self.seed)
+                      dense_features=self.dense_features, seed=self.seed, linear=self.linear)
         return config
