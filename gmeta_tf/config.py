@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import logging
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -36,6 +37,23 @@ from gmeta_tf.config_fields import (FieldError, field, range_violation, type_nam
 from gmeta_tf.data.split import SplitConfig, source_split
 from gmeta_tf.embedding.config import TableConfig
 from gmeta_tf.meta.meta_config import MetaConfig
+
+class _Loader(yaml.SafeLoader):
+    """YAML as PyYAML reads it, but numbers in exponent form without a dot (``1e-4``)
+    are floats, as in YAML 1.2 (PyYAML's YAML 1.1 reads them as strings)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+
+                   |[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$""", re.X),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str):
+    """A config's YAML (files, ``--set`` values, ``tuned.yaml``) as Python values."""
+    return yaml.load(text, Loader=_Loader)
+
 
 #: Where the embedded default pipeline lives (shipped with the project).
 PIPELINES_DIR = Path(__file__).resolve().parents[1] / "pipelines"
@@ -200,8 +218,9 @@ class TrainConfig:
     scored on their query rows as cold tasks are; a plain CTR model: every row of it) by
     ``select_metric`` ("auto": AUC of the binary label; nDCG is nDCG@``eval.ndcg_k``).
     Each model's best step so far is checkpointed and kept; ``gmeta eval`` and ``gmeta
-    export`` restore it. With ``patience`` > 0 training stops once no model has improved
-    for that many evaluations. ``valid_resplits`` (task data) scores every validation task
+    export`` restore it. With ``patience`` > 0 a model that has not improved for that
+    many evaluations stops training while the other trains on (each model's stopping
+    point is its own); the run ends when no model is left. ``valid_resplits`` (task data) scores every validation task
     under that many splits of its rows: the protocol's, then seeded resplits with the same
     number of query rows, fixed for the run; each metric is the mean over them, so the
     choice rests on more of the validation tasks' rows than one split's query rows.
@@ -349,7 +368,7 @@ def load_config(name_or_path: str | os.PathLike | None = None,
     """
     path = resolve_pipeline(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = load_yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path}: not valid YAML ({err})") from err
     except UnicodeDecodeError as err:
@@ -377,7 +396,7 @@ def _apply_tuned(raw: dict, overrides: Sequence[str]) -> None:
     if not path.is_file():
         return
     try:
-        settings = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        settings = load_yaml(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
         raise ConfigError(f"tuned settings {path}: unreadable ({err}); fix or delete it "
                           f"(gmeta tune writes it)") from err
@@ -392,7 +411,7 @@ def _apply_tuned(raw: dict, overrides: Sequence[str]) -> None:
 def tuned_world_size(run_dir: str | os.PathLike) -> int | None:
     """The world size ``gmeta tune``'s trials ran at, from ``<run_dir>/tuned.yaml``."""
     try:
-        settings = yaml.safe_load((Path(run_dir) / TUNED_FILE).read_text(encoding="utf-8"))
+        settings = load_yaml((Path(run_dir) / TUNED_FILE).read_text(encoding="utf-8"))
         size = settings[TUNED_AT_KEY]["world_size"]
     except (OSError, yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError):
         return None
@@ -422,7 +441,7 @@ def apply_override(raw: dict, item: str) -> None:
         raise ConfigError(f"override {item!r} is not allowed: expected KEY.SUB=VALUE, "
                           f"e.g. train.steps=100")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = load_yaml(text) if text.strip() else None
     except yaml.YAMLError as err:
         raise ConfigError(f"override {item!r}: value is not valid YAML ({err})") from err
     node = raw

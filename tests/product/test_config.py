@@ -33,6 +33,22 @@ def test_overrides_change_typed_values(tmp_path):
     assert config.run_dir == str(tmp_path)
 
 
+def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
+    """``1e-4`` is a float in a ``--set`` value and in a pipeline file (YAML 1.1 would read
+    it as the string '1e-4' and the rate would be refused as not a number)."""
+    config = load_config("default", ["train.learning_rate=1e-4", "eval.baseline_lr=2E-2"])
+    assert config.train.learning_rate == 1e-4 and config.eval.baseline_lr == 0.02
+    path = tmp_path / "p.yaml"
+    text = (PIPELINES_DIR / "default.yaml").read_text()
+    assert "\n  learning_rate: 0.003\n" in text
+    path.write_text(text.replace("\n  learning_rate: 0.003\n", "\n  learning_rate: 3e-3\n"))
+    assert load_config(str(path)).train.learning_rate == 3e-3
+    assert load_config("default", ["name=1e5x"]).name == "1e5x"   # not a number
+    with pytest.raises(ConfigError, match="'train.steps' = 100000.0 is not allowed: expected "
+                                          "an integer"):
+        load_config("default", ["train.steps=1e5"])
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.steps=-5", "config key 'train.steps' = -5 is not allowed: expected an integer >= 1"),
     ("train.steps=ten", "config key 'train.steps' = 'ten' is not allowed: expected an integer"),
