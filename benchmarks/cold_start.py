@@ -10,8 +10,8 @@ the initial weights and the batch order (``--ratings-only``: the same pipeline c
 1. ``gmeta tune`` (``--trials`` N): two Optuna studies with the same N trials, one for the
    meta model (inner steps and rates, learned per-step/per-element rates, multi-step loss,
    outer rate), one for the baseline (its learning rate, fine-tuning rate and steps). Each
-   trial trains both on the same batches with early stopping; its value is each model's
-   best validation AUC. Only the validation users are scored.
+   trial trains both on the same batches, each with its own early stopping; its value is
+   each model's best validation AUC. Only the validation users are scored.
 2. ``gmeta train`` with the chosen settings; each model's best checkpoint on validation.
 3. ``gmeta eval``: every cold user, scored once: the meta model adapted on its support
    ratings, the baseline fine-tuned on them through the same inner-loop code and the same

@@ -1,11 +1,14 @@
 """Choosing checkpoints on the validation split: each model's best step, early stopping.
 
 ``Selection`` keeps, per trained model ("model", and "baseline" when one is trained beside
-it), the step with the best validation metric so far, the evaluations since any model last
-improved, and every evaluation's metrics. Rank 0 writes it after each evaluation to
-``<checkpoint_dir>/BEST.json`` (atomically), so ``gmeta eval`` / ``gmeta export`` restore
-each model's best checkpoint, pruning keeps those checkpoints, and ``--resume`` goes on
-with the same patience count.
+it), the step with the best validation metric so far, the evaluations since that model
+last improved, the step its patience ran out (it trains no more from there) and every
+evaluation's metrics. Each model stops on its own count: one model still improving does
+not keep the other training, and one model stopping does not cut the other's run short,
+so a model's run, best step and value do not depend on the other's settings. Rank 0
+writes it after each evaluation to ``<checkpoint_dir>/BEST.json`` (atomically), so
+``gmeta eval`` / ``gmeta export`` restore each model's best checkpoint, pruning keeps
+those checkpoints, and ``--resume`` goes on with the same patience counts.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class Selection:
 
     Args:
         metric: The metric that chooses (``gmeta_tf.training.evaluation.selection_metric``).
-        patience: Evaluations without any model improving before training stops (0: never).
+        patience: Evaluations without a model improving before that model stops training
+            (0: never).
         patience_from: Evaluations at steps up to this one do not count toward patience
             (the meta model's pre-training steps).
         protocol: How validation scores (``validation_protocol``): values measured under
@@ -50,7 +54,10 @@ class Selection:
     patience_from: int = 0
     protocol: dict = dataclasses.field(default_factory=dict)
     best: dict[str, Best] = dataclasses.field(default_factory=dict)
-    stale: int = 0
+    #: Model -> evaluations since it last improved (those after ``patience_from``).
+    stale: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Model -> the evaluation step its patience ran out at: it trains no more.
+    finished: dict[str, int] = dataclasses.field(default_factory=dict)
     history: list[dict] = dataclasses.field(default_factory=list)
     #: Model -> the step its training loss was found not finite: it trains no more (a
     #: resumed run past that step keeps it stopped at its best checkpoint).
@@ -68,13 +75,17 @@ class Selection:
             if improves(self.metric, value, previous.value if previous else None):
                 self.best[name] = Best(step, float(value), dict(metrics))
                 improved.append(name)
-        self.stale = 0 if improved or step <= self.patience_from else self.stale + 1
+        for name in results:
+            fresh = name in improved or step <= self.patience_from
+            self.stale[name] = 0 if fresh else self.stale.get(name, 0) + 1
+            if self.patience and self.stale[name] >= self.patience:
+                self.finished.setdefault(name, step)
         self.history.append({"step": step, **{n: m for n, m in results.items()}})
         return improved
 
-    @property
-    def should_stop(self) -> bool:
-        return bool(self.patience) and self.stale >= self.patience
+    def should_stop(self, names) -> bool:
+        """Whether every one of ``names`` (the run's models) has run out of patience."""
+        return bool(self.patience) and all(n in self.finished for n in names)
 
     @property
     def protected_steps(self) -> set[int]:
@@ -83,6 +94,7 @@ class Selection:
     def to_dict(self) -> dict:
         return {"metric": self.metric, "protocol": self.protocol,
                 "patience": self.patience, "stale": self.stale,
+                "finished": self.finished,
                 "best": {n: dataclasses.asdict(b) for n, b in self.best.items()},
                 "history": self.history, "halted": self.halted}
 

@@ -5,9 +5,10 @@ the meta step and, with ``train.baseline``, the baseline's step on the same rows
 CTR model (``meta.enabled: false``) reads row batches of every warm row instead. Training
 tasks' support and query rows are drawn anew each epoch (``train.resplit``). Every
 ``train.eval_every`` steps each model is scored on the validation split; its best step is
-checkpointed and kept (``gmeta_tf.training.selection``), and with ``train.patience``
-training stops when no model has improved for that many evaluations (counted from the end
-of ``train.pretrain_steps``). A model whose loss is not finite stops training at the next
+checkpointed and kept (``gmeta_tf.training.selection``), and with ``train.patience`` a
+model that has not improved for that many evaluations (counted from the end of
+``train.pretrain_steps``) stops training while the other trains on; the run ends when no
+model is left training. A model whose loss is not finite stops training at the next
 log or validation step, put back to its best checkpoint, while the other trains on (a
 diverging meta model does not cut the baseline's run short, nor the reverse: in
 ``gmeta tune`` each trial's two models get their full run); when no model is left, or the
@@ -100,6 +101,9 @@ class TrainResult:
     stopped_early_at: int | None = None
     #: Per model whose loss was found not finite: the step it stopped training at.
     diverged_at: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Per model whose patience ran out: the step it stopped training at (the run goes on
+    #: while another model trains; it ends at ``stopped_early_at`` when none is left).
+    finished_at: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def samples_per_sec(self) -> float:
@@ -132,7 +136,7 @@ class Trainer:
         self.ckpt_dir = Path(config.checkpoint_dir)
         self._cache_base: dict[str, dict[str, float]] = {}  # cache counters at the last report
         self._validator: Validator | None = None
-        self._halted: dict[str, int] = {}  # model -> the step its loss was found not finite
+        self._selection: Selection | None = None  # the run's, from _run on
         self._aside: Path | None = None  # --fresh: the earlier checkpoints, until replaced
 
     # -- set-up --------------------------------------------------------------------------
@@ -223,11 +227,12 @@ class Trainer:
         # world size takes from start_step on.
         return iter(batches.skip(start_step))
 
-    def _step_function(self, models: Models, halted: frozenset = frozenset()):
-        """One training step of every model not in ``halted`` (diverged models)."""
+    def _step_function(self, models: Models, resting: frozenset = frozenset()):
+        """One training step of every model not in ``resting`` (models that diverged or ran
+        out of patience)."""
         model = models.model
-        baseline = models.baseline if "baseline" not in halted else None
-        trains_model = "model" not in halted
+        baseline = models.baseline if "baseline" not in resting else None
+        trains_model = "model" not in resting
 
         def make_step(model_step):
             @tf.function(reduce_retracing=True)
@@ -254,14 +259,14 @@ class Trainer:
 
     def _sync_steps(self, models: Models, meter: "_Meter"):
         """Trains steps ``done+1..stop`` one by one (the plain synchronous step), each model
-        that has not diverged."""
+        still training (``_resting``: not diverged, patience not run out)."""
         step_fns: dict[frozenset, Callable] = {}
 
         def train(batches: Iterator[dict], done: int, stop: int) -> dict:
-            halted = frozenset(self._halted)
-            if halted not in step_fns:
-                step_fns[halted] = self._step_function(models, halted)
-            step_fn = step_fns[halted]
+            resting = self._resting()
+            if resting not in step_fns:
+                step_fns[resting] = self._step_function(models, resting)
+            step_fn = step_fns[resting]
             out = {}
             for step in range(done + 1, stop + 1):
                 batch = next(batches)
@@ -346,12 +351,19 @@ class Trainer:
                                    protocol=protocol) if start else \
             Selection(selection_metric(config), t.patience, patience_from, protocol)
         # A model that diverged before the checkpoint resumed from stays stopped (its weights
-        # there are its best checkpoint's); selection.halted is saved with BEST.json.
-        self._halted = selection.halted
-        if self._halted:
+        # there are its best checkpoint's); selection.halted is saved with BEST.json. One
+        # whose patience ran out stays stopped too (the replayed history says so).
+        self._selection = selection
+        halted = selection.halted
+        if halted:
             log.info("resumed: the %s stopped training at step %s (not finite) and stays "
-                     "at its best checkpoint", " and the ".join(self._halted),
-                     ", ".join(str(s) for s in self._halted.values()))
+                     "at its best checkpoint", " and the ".join(halted),
+                     ", ".join(str(s) for s in halted.values()))
+        finished = {n: s for n, s in selection.finished.items() if n not in halted}
+        if finished:
+            log.info("resumed: the %s stopped training at step %s (no better validation in "
+                     "%d evaluations)", " and the ".join(finished),
+                     ", ".join(str(s) for s in finished.values()), t.patience)
         tensorboard = _Scalars(config.tensorboard_dir if self.rank == 0 else None)
         bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
         self._cache_base = self._cache_totals(models)
@@ -378,9 +390,12 @@ class Trainer:
                      min(t.pretrain_steps, t.steps))
         done = start
         stops = self._stops(start)
-        if all(n in self._halted for n in models.names):
-            log.warning("every model stopped training (not finite) before step %d: nothing "
-                        "to train; each keeps its best checkpoint on validation", start)
+        if all(n in self._resting() for n in models.names):
+            why = [f"the {n} at step {selection.halted[n]} (not finite)" if n in
+                   selection.halted else f"the {n} at step {selection.finished[n]} (no "
+                   f"better validation in {t.patience} evaluations)" for n in models.names]
+            log.warning("every model stopped training before step %d: %s; nothing to train, "
+                        "each keeps its best checkpoint on validation", start, ", ".join(why))
             stops, stopped = [], start
         for step in stops:
             out = train(batches, done, step)
@@ -391,12 +406,12 @@ class Trainer:
                 self._report(step, out, models, meter, bar, tensorboard, hybrid)
             with meter.paused():  # samples/s counts training time only
                 diverged = self._diverged(out) if logs or validates else {}
-                diverged = {n: loss for n, loss in diverged.items() if n not in self._halted}
+                diverged = {n: loss for n, loss in diverged.items() if n not in halted}
                 if diverged:
-                    self._halted.update({n: step for n in diverged})
+                    halted.update({n: step for n in diverged})
                     if self.rank == 0:
                         selection.save(self.ckpt_dir)
-                    running = [n for n in models.names if n not in self._halted]
+                    running = [n for n in models.names if n not in self._resting()]
                     what = " and the ".join(diverged.values())
                     if not running or not self._rewind(models, list(diverged), selection):
                         log.warning("step %d: not finite: the %s (training diverged); training "
@@ -410,17 +425,30 @@ class Trainer:
                                 " and the ".join(diverged),
                                 ", ".join(str(selection.best[n].step) for n in diverged),
                                 " and the ".join(running))
-                improved = []
+                improved, was_resting = [], self._resting()
                 if validates:
                     eval_metrics, improved = self._validate(step, models, tensorboard,
                                                             selection)
                 if improved or (t.checkpoint_every and step % t.checkpoint_every == 0):
                     last_ckpt = self._save(models, step, selection)
-                if selection.should_stop:
+                out_of_patience = [n for n in models.names
+                                   if n in self._resting() and n not in was_resting]
+                if selection.should_stop([n for n in models.names if n not in halted]):
                     stopped = step
-                    log.info("early stopping at step %d: no model improved its validation %s "
-                             "in %d evaluations", step, selection.metric, selection.stale)
+                    log.info("early stopping at step %d: the %s has not improved its "
+                             "validation %s in %d evaluations; no model is left training",
+                             step, " and the ".join(out_of_patience or models.names),
+                             selection.metric, t.patience)
                     break
+                if out_of_patience:
+                    log.info("step %d: the %s has not improved its validation %s in %d "
+                             "evaluations: it stops training here (best at step %s); the %s "
+                             "trains on", step, " and the ".join(out_of_patience),
+                             selection.metric, t.patience,
+                             ", ".join(str(selection.best[n].step) for n in out_of_patience
+                                       if n in selection.best),
+                             " and the ".join(n for n in models.names
+                                              if n not in self._resting()))
         bar.close()
         if last_ckpt is None or not last_ckpt.name.endswith(f"-{done}"):
             last_ckpt = self._save(models, done, selection)
@@ -431,6 +459,11 @@ class Trainer:
                               selection, stopped)
         tensorboard.close()
         return result
+
+    def _resting(self) -> frozenset:
+        """The models that train no more: diverged, or out of patience."""
+        s = self._selection
+        return frozenset(s.halted) | frozenset(s.finished) if s is not None else frozenset()
 
     def _rewind(self, models: Models, names: list[str], selection: Selection) -> bool:
         """Puts each named (diverged) model and its optimizer back to its best checkpoint on
@@ -541,7 +574,7 @@ class Trainer:
         split = self.config.train.validation_split
         if self._validator is None:
             self._validator = Validator(models, self.config)
-        results = self._validator(skip=self._halted)
+        results = self._validator(skip=self._resting())
         if not results:
             log.warning("step %d validation: the %s split has no rows; nothing scored",
                         step, split)
@@ -612,7 +645,9 @@ class Trainer:
                              self._staleness(hybrid) if hybrid is not None else None,
                              self._cache_totals(models),
                              {n: dataclasses.asdict(b) for n, b in selection.best.items()},
-                             stopped, dict(self._halted))
+                             stopped, dict(selection.halted),
+                             {n: s for n, s in selection.finished.items()
+                              if n not in selection.halted})
         if self.rank == 0:
             summary = {**dataclasses.asdict(result), "samples_per_sec": result.samples_per_sec}
             Path(self.config.run_dir, SUMMARY_FILE).write_text(json.dumps(summary, indent=1))

@@ -6,8 +6,9 @@ budget. Each trial is one ``gmeta train`` run (a child process: a failed or dive
 costs only itself) in ``<run_dir>/tune/trial-<n>``, training the meta model and the
 baseline beside it on the same batches; each model is scored on the validation split
 every ``train.eval_every`` steps and its best score (``train.select_metric``) is its
-trial's value, with early stopping (``tune.patience``) ending runs that stopped
-improving. The cold split is never read.
+trial's value, with early stopping (``--patience``): each model stops training on its
+own count, so a trial's two models never move each other's values. The cold split is
+never read.
 
 Each study's first trial is the pipeline's own settings. A single trial's best
 validation score is noisy, and an unstable setting can win one run by luck, so the best

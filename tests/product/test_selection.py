@@ -19,19 +19,30 @@ from gmeta_tf.training.selection import Selection, validation_protocol
 from tests.product.conftest import tiny_overrides
 
 
-def test_selection_keeps_each_models_best_and_counts_patience(tmp_path):
+def test_selection_keeps_each_models_best_and_counts_patience_per_model(tmp_path):
+    """Each model's patience is its own: the baseline runs out at step 3 while the model
+    still improves; the run is over when both have."""
     s = Selection("auc", patience=2)
+    both = ["model", "baseline"]
     assert s.update(1, {"model": {"auc": 0.6}, "baseline": {"auc": 0.5}}) == ["model", "baseline"]
     assert s.update(2, {"model": {"auc": 0.7}, "baseline": {"auc": 0.4}}) == ["model"]
     assert s.update(3, {"model": {"auc": 0.65}, "baseline": {"auc": 0.45}}) == []
-    assert not s.should_stop
-    assert s.update(4, {"model": {"auc": 0.69}, "baseline": {"auc": float("nan")}}) == []
-    assert s.should_stop and s.protected_steps == {2, 1}
+    assert s.stale == {"model": 1, "baseline": 2} and s.finished == {"baseline": 3}
+    assert not s.should_stop(both) and s.should_stop(["baseline"])
+    assert s.update(4, {"model": {"auc": 0.69}}) == []   # the baseline is validated no more
+    assert s.should_stop(both) and s.finished == {"baseline": 3, "model": 4}
+    assert s.protected_steps == {2, 1}
     s.save(tmp_path)
     again = Selection.load(tmp_path, "auc", 2)
     assert again.to_dict() == s.to_dict()
     replayed = Selection.load(tmp_path, "auc", 2, up_to_step=2)   # a resume from step 2
-    assert replayed.stale == 0 and replayed.best["model"].step == 2
+    assert replayed.stale == {"model": 0, "baseline": 1} and replayed.best["model"].step == 2
+    assert replayed.finished == {}
+    assert Selection.load(tmp_path, "auc", 2, up_to_step=3).finished == {"baseline": 3}
+    nan = Selection("auc", patience=1)   # a NaN validation value is no improvement
+    nan.update(1, {"model": {"auc": 0.6}})
+    nan.update(2, {"model": {"auc": float("nan")}})
+    assert nan.finished == {"model": 2}
     assert Selection.load(tmp_path, "mae", 2).best == {}           # another metric: anew
     lower = Selection("mae")
     lower.update(1, {"model": {"mae": 0.9}})
@@ -65,13 +76,13 @@ def test_evaluations_during_pretraining_do_not_count_toward_patience(tmp_path):
     s = Selection("auc", patience=1, patience_from=4)
     s.update(2, {"model": {"auc": 0.6}})
     s.update(4, {"model": {"auc": 0.5}})      # no better, but still pre-training
-    assert s.stale == 0 and not s.should_stop
+    assert s.stale == {"model": 0} and not s.should_stop(["model"])
     s.update(6, {"model": {"auc": 0.55}})
-    assert s.should_stop
+    assert s.should_stop(["model"])
     s.save(tmp_path)
     resumed = Selection.load(tmp_path, "auc", 1, up_to_step=4, patience_from=4)
-    assert resumed.stale == 0 and not resumed.should_stop
-    assert Selection.load(tmp_path, "auc", 1, up_to_step=4).should_stop  # without it: stops
+    assert resumed.stale == {"model": 0} and not resumed.should_stop(["model"])
+    assert Selection.load(tmp_path, "auc", 1, up_to_step=4).should_stop(["model"])  # stops
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +160,57 @@ def test_patience_counts_from_the_end_of_pretraining(tiny_data, tmp_path):
     assert result.stopped_early_at is None or result.stopped_early_at >= 14
 
 
+def test_each_model_stops_on_its_own_patience_and_its_run_is_its_own(tiny_data, tmp_path,
+                                                                     caplog):
+    """A model that has not improved in ``patience`` evaluations stops training (and is
+    validated no more) while the other trains on; the meta model's run, validation history
+    and best step are the same beside a baseline training at another rate, so in ``gmeta
+    tune`` one study's settings never move the other's trial values."""
+    def run(name: str, baseline_rate: float):
+        overrides = tiny_overrides(tmp_path / name, tiny_data, steps=16) + [
+            "train.eval_every=2", "train.patience=2", "train.checkpoint_every=0",
+            "train.learning_rate=0.01", f"train.baseline_learning_rate={baseline_rate}"]
+        config = load_config("default", overrides)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
+            result = Trainer(config, fresh=True).run()
+        saved = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())
+        return result, saved, caplog.text
+
+    def out_of_patience(history: list[dict], name: str) -> int | None:
+        """The 2nd evaluation in a row without a new best, counted from the history."""
+        best, stale = -math.inf, 0
+        for h in history:
+            if name in h:
+                best, stale = (h[name]["auc"], 0) if h[name]["auc"] > best else (best, stale + 1)
+                if stale == 2:
+                    return h["step"]
+        return None
+
+    runs = {rate: run(f"rate{rate}", rate) for rate in (0.01, 1e-4)}
+    for result, saved, text in runs.values():
+        steps = {n: [h["step"] for h in saved["history"] if n in h] for n in ("model", "baseline")}
+        for name in ("model", "baseline"):
+            end = out_of_patience(saved["history"], name)
+            assert result.finished_at.get(name) == end == saved["finished"].get(name)
+            assert steps[name] == list(range(2, (end or 16) + 1, 2))
+        first, last = sorted(("model", "baseline"), key=lambda n: result.finished_at.get(n, 99))
+        end = result.finished_at[first]
+        assert end < result.finished_at.get(last, 16) and result.steps == result.finished_at.get(
+            last, 16)
+        assert (f"step {end}: the {first} has not improved its validation auc in 2 evaluations: "
+                f"it stops training here (best at step {result.best[first]['step']}); the "
+                f"{last} trains on") in text
+    (fast, fast_saved, _), (slow, slow_saved, _) = runs[0.01], runs[1e-4]
+    assert [h.get("baseline") for h in fast_saved["history"]] != \
+        [h.get("baseline") for h in slow_saved["history"]]
+    assert [h["model"] for h in fast_saved["history"] if "model" in h] == pytest.approx(
+        [h["model"] for h in slow_saved["history"] if "model" in h], rel=1e-6)
+    assert fast.best["model"]["step"] == slow.best["model"]["step"]
+    assert fast.best["model"]["value"] == pytest.approx(slow.best["model"]["value"], rel=1e-6)
+    assert fast.finished_at.get("model") == slow.finished_at.get("model")
+
+
 def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
         tiny_data, tmp_path, monkeypatch, caplog):
     """Once every model's loss is NaN the run stops at the next log or validation step with
@@ -184,8 +246,8 @@ def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
     with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
         resumed = Trainer(config, resume=True).run()
     assert resumed.stopped_early_at == 10 and resumed.diverged_at == result.diverged_at
-    assert "every model stopped training (not finite) before step 10: nothing to train" \
-        in caplog.text
+    assert ("every model stopped training before step 10: the model at step 10 (not "
+            "finite), the baseline at step 10 (not finite); nothing to train") in caplog.text
     assert json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())["best"] == best
 
 
