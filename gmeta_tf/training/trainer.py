@@ -9,11 +9,11 @@ checkpointed and kept (``gmeta_tf.training.selection``), and with ``train.patien
 model that has not improved for that many evaluations (counted from the end of
 ``train.pretrain_steps``) stops training while the other trains on; the run ends when no
 model is left training. A model whose loss is not finite stops training at the next
-log or validation step, put back to its best checkpoint, while the other trains on (a
-diverging meta model does not cut the baseline's run short, nor the reverse: in
-``gmeta tune`` each trial's two models get their full run); when no model is left, or the
-diverged one has no best checkpoint yet, training stops (``gmeta tune`` then trains the
-other again beside the pipeline's own settings). Rank 0 draws the progress bar and writes
+log or validation step, put back to its best checkpoint (before its first validation: to
+its weights before training, which a run of two validated models keeps beside its
+checkpoints until it ends), while the other trains on (a diverging meta model does not cut
+the baseline's run short, nor the reverse: in ``gmeta tune`` each trial's two models get
+their full run); when no model is left, training stops. Rank 0 draws the progress bar and writes
 TensorBoard scalars; figures that differ per rank (loss, samples, table sizes, all-to-all
 bytes) are summed or averaged over ranks first. Checkpoints (``gmeta_tf.checkpoint``:
 every rank writes its table shards) are written every ``train.checkpoint_every`` steps and
@@ -138,6 +138,10 @@ class Trainer:
         self._validator: Validator | None = None
         self._selection: Selection | None = None  # the run's, from _run on
         self._aside: Path | None = None  # --fresh: the earlier checkpoints, until replaced
+        # Every model's weights before training (two models validated): what one that
+        # diverges before its first validation is put back to, so the other trains on.
+        self._initial_root = self.ckpt_dir.with_name(f"{self.ckpt_dir.name}.initial")
+        self._initial: Path | None = None
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -388,6 +392,7 @@ class Trainer:
             log.info("steps %d to %d pre-train the meta model on every row of their tasks "
                      "(train.pretrain_steps); meta-training follows", start + 1,
                      min(t.pretrain_steps, t.steps))
+        self._keep_initial(models, start)
         done = start
         stops = self._stops(start)
         if all(n in self._resting() for n in models.names):
@@ -419,11 +424,13 @@ class Trainer:
                                     "validation", step, what)
                         stopped = step
                         break
+                    back = [f"the {n} to its best checkpoint on validation (step "
+                            f"{selection.best[n].step})" if n in selection.best else
+                            f"the {n} to its weights before training (it diverged before "
+                            f"its first validation)" for n in diverged]
                     log.warning("step %d: not finite: the %s (training diverged); the %s "
-                                "stops training here, put back to its best checkpoint on "
-                                "validation (step %s); the %s trains on", step, what,
-                                " and the ".join(diverged),
-                                ", ".join(str(selection.best[n].step) for n in diverged),
+                                "stops training here, put back: %s; the %s trains on", step,
+                                what, " and the ".join(diverged), ", ".join(back),
                                 " and the ".join(running))
                 improved, was_resting = [], self._resting()
                 if validates:
@@ -450,6 +457,7 @@ class Trainer:
                              " and the ".join(n for n in models.names
                                               if n not in self._resting()))
         bar.close()
+        self._drop_initial()
         if last_ckpt is None or not last_ckpt.name.endswith(f"-{done}"):
             last_ckpt = self._save(models, done, selection)
         for name, best in sorted(selection.best.items()):
@@ -468,19 +476,44 @@ class Trainer:
     def _rewind(self, models: Models, names: list[str], selection: Selection) -> bool:
         """Puts each named (diverged) model and its optimizer back to its best checkpoint on
         validation, in place, so the run's later checkpoints hold finite weights for it
-        while the other model trains on. False, changing nothing, when one has no best
-        checkpoint yet (it diverged before its first validation)."""
-        if any(n not in selection.best for n in names):
+        while the other model trains on; one that diverged before its first validation
+        goes back to its weights before training (``_keep_initial``). False, changing
+        nothing, when one has neither (a run resumed without them)."""
+        unvalidated = [n for n in names if n not in selection.best]
+        if unvalidated and self._initial is None:
             log.warning("the %s diverged before its first validation: it has no checkpoint to "
-                        "keep", " and the ".join(n for n in names if n not in selection.best))
+                        "keep", " and the ".join(unvalidated))
             return False
         for name in names:
             state, optimizer = tf.Module(name="state"), tf.Module(name="optimizers")
             setattr(state, name, getattr(models.state, name))
             setattr(optimizer, name, getattr(models.optimizers, name))
-            checkpoint.restore(self.ckpt_dir / f"ckpt-{selection.best[name].step}", state,
-                               optimizer)
+            source = (self._initial if name in unvalidated
+                      else self.ckpt_dir / f"ckpt-{selection.best[name].step}")
+            checkpoint.restore(source, state, optimizer)
         return True
+
+    def _keep_initial(self, models: Models, start: int) -> None:
+        """With two models validated, saves their weights before training beside the
+        checkpoints (``checkpoints.initial``; not a checkpoint of the run: never resumed
+        from, and not counted as a first checkpoint by ``--fresh``). A resumed run uses the
+        one its first attempt left, when there is one."""
+        t = self.config.train
+        if not t.eval_every or len(models.names) < 2:
+            return
+        if start == 0:
+            self._initial = checkpoint.save(self._initial_root, models.state, 0,
+                                            models.optimizers)
+        elif (self._initial_root / "ckpt-0" / checkpoint.MANIFEST).is_file():
+            self._initial = self._initial_root / "ckpt-0"
+
+    def _drop_initial(self) -> None:
+        """The weights before training go when the run ends (every rank has passed the
+        last step that could need them)."""
+        distributed.barrier()
+        if self.rank == 0 and self._initial is not None:
+            shutil.rmtree(self._initial_root, ignore_errors=True)
+        self._initial = None
 
     def _diverged(self, out: dict) -> dict[str, str]:
         """The models ("model", "baseline") with a loss that is NaN or infinite on any rank,

@@ -16,9 +16,9 @@ validation score is noisy, and an unstable setting can win one run by luck, so t
 another batch order (``model.seed`` and ``train.shuffle_seed`` + 1; re-check i pairs the
 meta model's i-th best with the baseline's i-th best, so both studies get the same number
 of re-checks) and each study's choice is the setting with the best mean of its two runs.
-A model whose loss is not finite before its first validation stops its trial's run; the
-other model's settings are then trained again beside it at the pipeline's own settings, so
-one study's diverging setting never costs the other study its trial.
+A model whose loss is not finite stops training while the other trains on
+(``gmeta_tf.training.trainer``), so one study's diverging setting never costs the other
+study its trial.
 Trials run at ``--np`` ranks: the batch of a step is ``data.tasks_per_batch`` per rank, so
 tune at the world size you will train at (``tuned.yaml`` records it and ``gmeta train``
 warns when it differs). Search spaces (ranges below): the meta model's inner steps k, inner
@@ -209,16 +209,14 @@ def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
     steps = {n: int(b["step"]) for n, b in best.items()}
     # Only the scores are kept: the trial's checkpoints are not needed any more.
     shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)
-    return values, steps, "ok"
-
-
-def _diverged(run_dir: Path) -> list[str]:
-    """The models whose training loss was not finite in a run (its train_summary.json)."""
     try:
-        summary = json.loads((run_dir / "train_summary.json").read_text())
-        return [str(n) for n in summary.get("diverged_at") or {}]
-    except (OSError, ValueError, AttributeError):
-        return []
+        diverged = json.loads((trial_dir / "train_summary.json").read_text())["diverged_at"]
+    except (OSError, ValueError, KeyError, TypeError):
+        diverged = {}
+    if diverged:
+        return values, steps, "ok; not finite (training diverged): " + ", ".join(
+            f"the {n} at step {step}" for n, step in sorted(diverged.items()))
+    return values, steps, "ok"
 
 
 def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
@@ -265,28 +263,6 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         log.info("trial %d/%d: %s", number + 1, trials, merged)
         values, steps, status = run_trial(config_arg, overrides, root / f"trial-{number}",
                                           merged, np_, patience)
-        cut_short = [n for n in studies if n not in values]
-        diverged = [n for n in _diverged(root / f"trial-{number}") if n in cut_short]
-        cut_short = [n for n in cut_short if n not in diverged]
-        if diverged and cut_short and status == "ok":
-            # A model whose loss is not finite before its first validation stops the run,
-            # so the others' settings were never scored. Each model trains its own weights
-            # on the same batches: they are trained again beside the diverged models at
-            # the pipeline's own settings, so every study gets its trial.
-            stand_in = dict(merged)
-            for name in diverged:
-                own = optuna.trial.FixedTrial(pipeline_params(name, config))
-                stand_in.update(spaces[name](own, config))
-            log.info("trial %d: the %s diverged before its first validation; the %s trains "
-                     "again beside it at the pipeline's own settings", number + 1,
-                     " and the ".join(diverged), " and the ".join(cut_short))
-            again, again_steps, again_status = run_trial(
-                config_arg, overrides, root / f"trial-{number}-again", stand_in, np_, patience)
-            values.update({n: again[n] for n in cut_short if n in again})
-            steps.update({n: again_steps[n] for n in cut_short if n in again_steps})
-            status = (f"ok: the {' and the '.join(diverged)} diverged before its first "
-                      f"validation; the {' and the '.join(cut_short)} trained again beside it "
-                      f"at the pipeline's own settings ({again_status})")
         for name, study in studies.items():
             value = values.get(name)
             if value is None or math.isnan(value):

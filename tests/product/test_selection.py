@@ -275,8 +275,8 @@ def test_a_diverged_model_stops_while_the_other_trains_on(tiny_data, tmp_path, c
     assert len(warning) == 1 and warning[0].startswith(
         f"step {diverged}: not finite: the model's loss")
     assert warning[0].endswith(
-        f"(training diverged); the model stops training here, put back to its best "
-        f"checkpoint on validation (step {best['model']}); the baseline trains on")
+        f"(training diverged); the model stops training here, put back: the model to its "
+        f"best checkpoint on validation (step {best['model']}); the baseline trains on")
     validated = {n: [h["step"] for h in saved["history"] if n in h] for n in ("model", "baseline")}
     assert validated["baseline"] == list(range(1, 13))
     assert validated["model"] == list(range(1, diverged))
@@ -313,21 +313,44 @@ def test_a_diverged_model_stops_while_the_other_trains_on(tiny_data, tmp_path, c
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_model_diverging_before_its_first_validation_stops_the_run(tiny_data, tmp_path,
-                                                                     caplog):
-    """With nothing to go back to, a diverged model stops the whole run, as it always did."""
+def test_a_model_diverging_before_its_first_validation_goes_back_to_its_initial_weights(
+        tiny_data, tmp_path, caplog):
+    """With no best checkpoint yet, a diverged model goes back to its weights before
+    training (kept beside the checkpoints for the run) and the other trains on; its later
+    checkpoints are finite, and eval scores the baseline from its own best checkpoint."""
+    import numpy as np
+
+    from gmeta_tf.training.model_builder import build_models
+
     overrides = tiny_overrides(tmp_path, tiny_data, steps=12) + [
-        "train.eval_every=4", "train.log_every=1",
+        "train.eval_every=4", "train.log_every=1", "train.patience=0",
         "train.learning_rate=1000000000000.0", "train.baseline_learning_rate=0.01"]
     config = load_config("default", overrides)
     with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
         result = Trainer(config, fresh=True).run()
     diverged = result.diverged_at["model"]
-    assert diverged < 4 and result.stopped_early_at == diverged
-    assert "the model diverged before its first validation: it has no checkpoint to keep" \
-        in caplog.text
-    assert f"step {diverged}: not finite: the model's loss" in caplog.text
-    assert "training stops here and each model keeps its best checkpoint" in caplog.text
+    assert diverged < 4 and result.stopped_early_at is None and result.steps == 12
+    assert (f"step {diverged}: not finite: the model's loss (training diverged); the model "
+            f"stops training here, put back: the model to its weights before training (it "
+            f"diverged before its first validation); the baseline trains on") in caplog.text
+    saved = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())
+    assert set(saved["best"]) == {"baseline"}
+    assert [h["step"] for h in saved["history"]] == [4, 8, 12]
+    assert all(set(h) == {"step", "baseline"} for h in saved["history"])
+    assert not Path(f"{config.checkpoint_dir}.initial").exists()   # gone with the run
+
+    def model_weights(directory=None):
+        models = build_models(config)
+        if directory is not None:
+            checkpoint.restore(directory, models.state, models.optimizers)
+        return [v.numpy() for v in models.model.tower.trainable_variables]
+
+    for a, b in zip(model_weights(checkpoint.latest(config.checkpoint_dir)), model_weights()):
+        np.testing.assert_array_equal(a, b)    # the weights it was built with (model.seed)
+    with caplog.at_level(logging.WARNING):
+        _, info = restore_models(config)
+    assert set(info["chosen"]) == {"baseline"}
+    assert "the model has no checkpoint chosen on validation" in caplog.text
 
 
 def test_eval_restores_each_models_best_checkpoint(stopped_run):
@@ -505,11 +528,11 @@ def test_validation_scores_each_task_under_several_splits_of_its_rows(tiny_data,
     assert results["model"]["rows"] == sum(r["rows"] for r in per_split)
 
 
-def test_gmeta_tune_trains_the_baseline_again_when_the_meta_model_diverges_at_once(
+def test_gmeta_tune_scores_the_baseline_when_the_meta_model_diverges_at_once(
         tiny_data, tmp_path, monkeypatch):
-    """A meta setting whose loss is not finite before the first validation stops that
-    trial's run; the baseline's setting of the trial is still scored (trained again beside
-    the pipeline's own meta settings), so the baseline's study keeps its every trial."""
+    """A meta setting whose loss is not finite before the first validation fails its own
+    study's trial only: the baseline trains on in the same run and its setting is scored,
+    so the baseline's study keeps its every trial."""
     import optuna
 
     from gmeta_tf.training import tuning
@@ -530,10 +553,7 @@ def test_gmeta_tune_trains_the_baseline_again_when_the_meta_model_diverges_at_on
     first = trials[0]
     assert first["settings"]["model"]["train.learning_rate"] == 1e12
     assert set(first["values"]) == {"baseline"} and math.isfinite(first["values"]["baseline"])
-    assert "the model diverged before its first validation" in first["status"]
-    again = yaml.safe_load(Path(tmp_path, "tune", "trial-0-again", "config.yaml").read_text())
-    assert again["train"]["learning_rate"] == load_config("default", overrides,
-                                                          tuned=False).train.learning_rate
-    assert again["train"]["baseline_learning_rate"] == \
-        first["settings"]["baseline"]["train.baseline_learning_rate"]
+    assert first["status"].startswith("ok; not finite (training diverged): the model at step ")
+    assert first["best_steps"]["baseline"] in (4, 8)
+    assert not Path(tmp_path, "tune", "trial-0", "checkpoints.initial").exists()
     assert set(trials[1]["values"]) == {"model", "baseline"}
