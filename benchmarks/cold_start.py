@@ -26,32 +26,36 @@ other row per seed (> 0: the meta model is better; MAE: the other's minus the me
 the 95% interval ``gmeta eval`` gives it (paired bootstrap over the seed's cold users).
 
 Result (``python -m benchmarks.cold_start --seeds 0,1,2,3,4 --trials 8 --jobs 2``,
-2026-11-25, 54 minutes beside a CI run; the pipeline as shipped, warm users with more than
-100 ratings trained on; cold users 129 / 110 / 123 / 114 / 125, scored once per seed;
-mean +- std over seeds):
+2026-11-25 at 7a31edb, 49 minutes beside a CI run; the pipeline as shipped, warm users
+with more than 100 ratings trained on; each model early-stopped on its own patience;
+cold users 129 / 110 / 123 / 114 / 125, scored once per seed; mean +- std over seeds):
 
   row                                  AUC              MAE              nDCG@3
-  meta (maml)                          0.7538 +-0.0090  0.7651 +-0.0095  0.8641 +-0.0022
-  meta, no adaptation                  0.6569 +-0.0097  0.8744 +-0.0121  0.8595 +-0.0043
-  baseline fine-tuned                  0.7482 +-0.0090  0.7741 +-0.0094  0.8612 +-0.0063
-  baseline, no fine-tuning             0.6526 +-0.0066  0.8818 +-0.0123  0.8608 +-0.0047
+  meta (maml)                          0.7533 +-0.0100  0.7658 +-0.0103  0.8677 +-0.0040
+  meta, no adaptation                  0.6575 +-0.0093  0.8760 +-0.0129  0.8604 +-0.0041
+  baseline fine-tuned                  0.7477 +-0.0097  0.7741 +-0.0094  0.8631 +-0.0065
+  baseline, no fine-tuning             0.6548 +-0.0042  0.8801 +-0.0110  0.8621 +-0.0058
   reference: global mean               0.5000           0.9562 +-0.0102  0.7885 +-0.0126
   reference: item_id mean              0.6861 +-0.0163  0.8465 +-0.0136  0.8638 +-0.0042
   reference: item_id mean + offset     0.7475 +-0.0125  0.7764 +-0.0150  0.8638 +-0.0042
 
 Paired per seed (meta minus other, > 0 better): against the fine-tuned baseline AUC
-+0.0046/+0.0085/+0.0066/+0.0093/-0.0008, MAE +0.0075/+0.0123/+0.0100/+0.0081/+0.0071,
-nDCG@3 -0.0067/+0.0087/+0.0058/+0.0112/-0.0046 (12 of 15); against item mean + offset AUC
-+0.0006/+0.0152/+0.0071/+0.0039/+0.0047, MAE +0.0122/+0.0233/+0.0128/-0.0015/+0.0096,
-nDCG@3 -0.0067/+0.0015/+0.0021/+0.0068/-0.0023 (12 of 15; the item mean has the same
-nDCG@3). Over the seeds MAML minus the baseline is AUC +0.0056 [+0.0004, +0.0109], MAE
-+0.0090 [+0.0035, +0.0145], nDCG@3 +0.0029 [-0.0038, +0.0095]; against item mean +
-offset AUC +0.0063 [+0.0004, +0.0122], MAE +0.0113 [+0.0045, +0.0180], nDCG@3 +0.0003
-[-0.0066, +0.0071]. The 3-seed run earlier that day (seed 0's baseline then lost the
-trial its meta model diverged in): MAML 0.7483 / 0.7695 / 0.8672, the baseline 0.7427 /
-0.7769 / 0.8615, 8 of 9 per-seed comparisons won against each.
++0.0022/+0.0108/+0.0036/+0.0119/-0.0008, MAE +0.0051/+0.0144/+0.0019/+0.0133/+0.0071,
+nDCG@3 +0.0014/-0.0004/+0.0092/+0.0172/-0.0046 (12 of 15); against item mean + offset AUC
+-0.0018/+0.0153/+0.0040/+0.0066/+0.0047, MAE +0.0099/+0.0250/+0.0047/+0.0038/+0.0096,
+nDCG@3 +0.0014/+0.0020/+0.0055/+0.0128/-0.0023 (13 of 15; the item mean has the same
+nDCG@3). Over the seeds MAML minus the baseline is AUC +0.0055 [-0.0001, +0.0112], MAE
++0.0084 [+0.0023, +0.0144], nDCG@3 +0.0046 [-0.0020, +0.0112]; against item mean +
+offset AUC +0.0058 [-0.0005, +0.0121], MAE +0.0106 [+0.0033, +0.0179], nDCG@3 +0.0039
+[-0.0031, +0.0108]. Three tuning trials' meta models diverged (seed 0's trial 4 and
+seed 4's trial 3 at step 25, before their first validation; seed 1's trial 7 at step
+275); their baselines trained on in the same runs and were scored. The same command earlier
+that day, when a trial's two models shared one early-stopping count (60fc210, 54
+minutes): MAML 0.7538 / 0.7651 / 0.8641, the baseline 0.7482 / 0.7741 / 0.8612, 12 of 15
+per-seed comparisons won against each.
 
-``--ratings-only --seeds 0,1,2`` (2026-11-25, 27 minutes beside a CI run): MAML 0.7457 /
+``--ratings-only --seeds 0,1,2`` (2026-11-25 at 60fc210, shared early stopping, 27 minutes
+beside a CI run; not run again since): MAML 0.7457 /
 0.7721 / 0.8572 (AUC / MAE / nDCG@3, mean over seeds), the fine-tuned baseline 0.7418 /
 0.7780 / 0.8585, item mean + offset 0.7417 / 0.7831 / 0.8651. Against the baseline AUC
 -0.0010/+0.0059/+0.0067, MAE +0.0034/+0.0083/+0.0060, nDCG@3 -0.0014/-0.0082/+0.0059 (6
