@@ -54,15 +54,13 @@ that day, when a trial's two models shared one early-stopping count (60fc210, 54
 minutes): MAML 0.7538 / 0.7651 / 0.8641, the baseline 0.7482 / 0.7741 / 0.8612, 12 of 15
 per-seed comparisons won against each.
 
-``--ratings-only --seeds 0,1,2`` (2026-11-25 at 60fc210, shared early stopping, 27 minutes
-beside a CI run; not run again since): MAML 0.7457 /
-0.7721 / 0.8572 (AUC / MAE / nDCG@3, mean over seeds), the fine-tuned baseline 0.7418 /
-0.7780 / 0.8585, item mean + offset 0.7417 / 0.7831 / 0.8651. Against the baseline AUC
--0.0010/+0.0059/+0.0067, MAE +0.0034/+0.0083/+0.0060, nDCG@3 -0.0014/-0.0082/+0.0059 (6
-of 9); against item mean + offset AUC -0.0042/+0.0117/+0.0045, MAE
-+0.0099/+0.0152/+0.0078, nDCG@3 -0.0143/-0.0092/-0.0001 (5 of 9: the item mean ranks
-better on every seed). Before the diverged-trial fix, the same day: MAML 0.7454 / 0.7739
-/ 0.8623, the baseline 0.7423 / 0.7772 / 0.8579.
+``--ratings-only --seeds 0,1,2`` (2026-11-25 at 7a31edb, 21 minutes beside a CI run):
+MAML 0.7454 / 0.7739 / 0.8623 (AUC / MAE / nDCG@3, mean over seeds), the fine-tuned
+baseline 0.7429 / 0.7773 / 0.8580, item mean + offset 0.7417 / 0.7831 / 0.8651. Against
+the baseline AUC +0.0003/+0.0080/-0.0008, MAE +0.0052/+0.0063/-0.0015, nDCG@3
+-0.0027/-0.0024/+0.0181 (5 of 9); against item mean + offset AUC -0.0049/+0.0139/+0.0022,
+MAE +0.0098/+0.0131/+0.0045, nDCG@3 -0.0130/-0.0034/+0.0080 (6 of 9). At 60fc210 (shared
+early stopping): MAML 0.7457 / 0.7721 / 0.8572, the baseline 0.7418 / 0.7780 / 0.8585.
 
 The run before, with MeLU's protocol to the letter (users with more than 100 ratings
 dropped from training too; 2026-11-24, 21 minutes; 16-wide context vector, the plain loss
