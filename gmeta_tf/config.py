@@ -24,7 +24,6 @@ import copy
 import dataclasses
 import logging
 import os
-import re
 import types
 import typing
 from pathlib import Path
@@ -32,28 +31,11 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
-from gmeta_tf.config_fields import (FieldError, field, range_violation, type_name,
+from gmeta_tf.config_fields import (FieldError, field, load_yaml, range_violation, type_name,
                                     type_violation)
 from gmeta_tf.data.split import SplitConfig, source_split
 from gmeta_tf.embedding.config import TableConfig
 from gmeta_tf.meta.meta_config import MetaConfig
-
-class _Loader(yaml.SafeLoader):
-    """YAML as PyYAML reads it, but numbers in exponent form without a dot (``1e-4``)
-    are floats, as in YAML 1.2 (PyYAML's YAML 1.1 reads them as strings)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+
-                   |[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$""", re.X),
-    list("-+0123456789."))
-
-
-def load_yaml(text: str):
-    """A config's YAML (files, ``--set`` values, ``tuned.yaml``) as Python values."""
-    return yaml.load(text, Loader=_Loader)
-
 
 #: Where the embedded default pipeline lives (shipped with the project).
 PIPELINES_DIR = Path(__file__).resolve().parents[1] / "pipelines"
@@ -220,10 +202,11 @@ class TrainConfig:
     Each model's best step so far is checkpointed and kept; ``gmeta eval`` and ``gmeta
     export`` restore it. With ``patience`` > 0 a model that has not improved for that
     many evaluations stops training while the other trains on (each model's stopping
-    point is its own); the run ends when no model is left. ``valid_resplits`` (task data) scores every validation task
-    under that many splits of its rows: the protocol's, then seeded resplits with the same
-    number of query rows, fixed for the run; each metric is the mean over them, so the
-    choice rests on more of the validation tasks' rows than one split's query rows.
+    point is its own); the run ends when no model is left. ``valid_resplits`` (task
+    data) scores every validation task under that many splits of its rows: the
+    protocol's, then seeded resplits with the same number of query rows, fixed for the
+    run; each metric is the mean over them, so the choice rests on more of the
+    validation tasks' rows than one split's query rows.
     ``resplit`` draws training tasks' support and query rows anew each epoch.
     ``baseline_learning_rate`` (default ``learning_rate``) is the baseline's own rate.
     ``pretrain_steps``: the meta model's first this many steps train its unadapted

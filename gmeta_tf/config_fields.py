@@ -9,7 +9,9 @@ range beside its default::
 The type checks its fields in ``__post_init__`` with :func:`check`, which raises
 :class:`FieldError` naming the type, the field, the value and what is allowed. The YAML
 loader (``gmeta_tf.config``) checks the same metadata before it builds the type, and turns
-a ``FieldError`` the type raises into an error naming the config key.
+a ``FieldError`` the type raises into an error naming the config key. :func:`load_yaml`
+reads every YAML the configs come from (pipelines, ``--set`` values, ``tuned.yaml``,
+mapping files).
 """
 
 from __future__ import annotations
@@ -17,9 +19,29 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 import types
 import typing
 from typing import Any, Literal, Mapping
+
+import yaml
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as PyYAML reads it, but numbers in exponent form without a dot (``1e-4``)
+    are floats, as in YAML 1.2 (PyYAML's YAML 1.1 reads them as strings)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+
+                   |[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$""", re.X),
+    list("-+0123456789."))
+
+
+def load_yaml(text):
+    """Config YAML (a file's text or a stream, or a ``--set`` value) as Python values."""
+    return yaml.load(text, Loader=_Loader)
 
 
 class FieldError(ValueError):

@@ -47,6 +47,11 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
     with pytest.raises(ConfigError, match="'train.steps' = 100000.0 is not allowed: expected "
                                           "an integer"):
         load_config("default", ["train.steps=1e5"])
+    # a mapping file (data.mapping: FILE, gmeta data csv --mapping) reads them the same way
+    from gmeta_tf.data.converters.csv_mapping import CsvMapping
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text("task: user_id\nlabel: rating\nlabel_threshold: 4e0\n")
+    assert CsvMapping.from_yaml(str(mapping)).label_threshold == 4.0
 
 
 @pytest.mark.parametrize("override, message", [

@@ -134,9 +134,11 @@ class CsvMapping:
     def from_yaml(cls, path: str) -> "CsvMapping":
         import yaml
 
+        from gmeta_tf.config_fields import load_yaml
+
         try:
             with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f) or {}
+                raw = load_yaml(f) or {}
         except OSError as e:
             raise DataError(f"cannot read the mapping file: {e.strerror}", file=path) from e
         except yaml.YAMLError as e:
