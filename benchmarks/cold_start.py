@@ -173,7 +173,7 @@ won, against 5 of 9 at 8 trials. MAML's cold figures changed on seed 0 only (0.7
 0.7413 AUC), the baseline's on seeds 1 and 2 (AUC 0.7285 -> 0.7305, 0.7473 -> 0.7440).
 
 Usage: python -m benchmarks.cold_start [--quick] [--seeds 0,1,2] [--trials 8] [--work DIR]
-       [--jobs N] [--ratings-only]
+       [--jobs N] [--ratings-only [--ratings FILE] [--split-items N] [--users N]]
 The last stdout line is one JSON object.
 """
 
@@ -187,6 +187,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -207,25 +208,61 @@ def _gmeta(*args: str) -> None:
                    check=True)
 
 
-def ratings_only_config(work: Path) -> Path:
+def ratings_only_config(work: Path, ratings: Path | None = None, split_items: int = 1,
+                        users: int | None = None) -> Path:
     """``pipelines/movielens.yaml`` as a new user copies it onto a ratings log alone:
-    MovieLens 100K's ``u.data`` (user, item, rating, time; no genres, no user features)
-    through the ``csv`` source (task = user, label = rating >= 4), ``item_id`` the only
-    feature; every other key as shipped."""
+    MovieLens 100K's ``u.data`` (user, item, rating, time; no genres, no user features),
+    or ``ratings`` (a file of those four columns: tab-separated without a header line as
+    ``u.data``, or a CSV whose header line names them, e.g. ``userId,movieId,rating,
+    timestamp``), through the ``csv`` source (task = user, label = rating >= 4), the item
+    the only feature; every other key as shipped.
+
+    ``split_items`` N > 1 makes items rare, as in a larger catalogue with as many ratings:
+    each item becomes N items, a rating going to the one of its user's bucket (a hash of
+    the user id), so each has about 1/N of the ratings; ``users`` keeps a seeded sample of
+    that many users."""
+    source = ratings or ML100K / "u.data"
+    with open(source) as f:
+        first = f.readline().rstrip("\n")
+    delimiter = "," if "," in first and "\t" not in first else "\t"
+    cells = first.split(delimiter)
+    header = not cells[2].replace(".", "", 1).isdigit()
+    columns = cells[:4] if header else ["user_id", "item_id", "rating", "timestamp"]
+    if split_items > 1 or users:
+        source = _thinned_ratings(source, work, delimiter, header, split_items, users)
+    user, item, rating, time_column = columns
     config = yaml.safe_load((ROOT / "pipelines" / "movielens.yaml").read_text())
     config.update(name="ratings_only", run_dir="runs/ratings_only")
     config["export"]["dir"] = "runs/ratings_only/export"
-    config["data"].update(source="csv", raw=str(ML100K / "u.data"),
-                          path="runs/ratings_only/data", mapping={
-        "task": "user_id", "label": "rating", "label_threshold": 4, "label_range": [1, 5],
-        "sparse": ["item_id"], "order_by": "timestamp", "delimiter": "\t", "header": False,
-        "columns": ["user_id", "item_id", "rating", "timestamp"]})
+    mapping = {"task": user, "label": rating, "label_threshold": 4, "sparse": [item],
+               "order_by": time_column, "delimiter": delimiter, "header": header}
+    if not header:
+        mapping["columns"] = columns
+    config["data"].update(source="csv", raw=str(source), path="runs/ratings_only/data",
+                          mapping=mapping)
     model = config["model"]
-    model["tables"] = {"item_id": model["tables"]["item_id"]}
-    model["item_features"] = ["item_id"]
+    model["tables"] = {item: model["tables"]["item_id"]}
+    model["item_features"] = [item]
     model.pop("user_features", None)
     path = work / "ratings_only.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _thinned_ratings(source: Path, work: Path, delimiter: str, header: bool,
+                     split_items: int, users: int | None) -> Path:
+    """``source`` with a seeded sample of ``users`` users, each item split into
+    ``split_items`` items by a hash of the user (see ``ratings_only_config``)."""
+    lines = source.read_text().splitlines()
+    head, rows = (lines[:1], lines[1:]) if header else ([], lines)
+    rows = [r.split(delimiter) for r in rows if r.strip()]
+    every_user = sorted({r[0] for r in rows})
+    keep = set(every_user if not users or users >= len(every_user) else
+               np.random.default_rng(0).choice(every_user, users, replace=False))
+    out = head + [delimiter.join([r[0], f"{r[1]}-{zlib.crc32(r[0].encode()) % split_items}",
+                                  *r[2:]]) for r in rows if r[0] in keep]
+    path = work / f"ratings-split{split_items}-users{users or 'all'}.txt"
+    path.write_text("\n".join(out) + "\n")
     return path
 
 
@@ -345,6 +382,14 @@ def main() -> None:
     parser.add_argument("--ratings-only", action="store_true",
                         help="u.data alone through gmeta's csv source (item_id the only "
                              "feature), the pipeline otherwise as shipped")
+    parser.add_argument("--ratings", type=Path,
+                        help="with --ratings-only: this ratings log instead of u.data "
+                             "(user, item, rating, time; a TSV without header or a CSV with)")
+    parser.add_argument("--split-items", type=int, default=1,
+                        help="with --ratings-only: each item split into N by a hash of the "
+                             "user (rare items, as in a larger catalogue)")
+    parser.add_argument("--users", type=int,
+                        help="with --ratings-only: a seeded sample of this many users")
     args = parser.parse_args()
     if not ML100K.is_dir():
         raise SystemExit(f"MovieLens 100K not found at {ML100K}")
@@ -354,8 +399,9 @@ def main() -> None:
         work = Path(args.work or tmp).resolve()
         work.mkdir(parents=True, exist_ok=True)
         # The ratings-only config names its raw file; the shipped pipeline reads ML100K.
-        config, raw = ((str(ratings_only_config(work)), None) if args.ratings_only
-                       else ("movielens", ML100K))
+        config, raw = ((str(ratings_only_config(work, args.ratings, args.split_items,
+                                                args.users)), None)
+                       if args.ratings_only else ("movielens", ML100K))
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
             runs = list(pool.map(lambda s: run_seed(s, work, trials, args.quick, config, raw),
                                  seeds))
@@ -366,12 +412,21 @@ def main() -> None:
     wins = {other: all(d[m]["better_on_seeds"] == len(seeds) for m in METRICS)
             for other, d in differences.items()}
     print(json.dumps({"benchmark": "cold_start",
-                      "dataset": "ml-100k u.data alone" if args.ratings_only else "ml-100k",
+                      "dataset": _dataset_name(args),
                       "seeds": seeds,
                       "trials_per_contender": trials, "scored": "cold users, once per seed",
                       "table": table, "paired_meta_minus_other": differences,
                       "meta_better_on_every_seed_and_metric": wins, "runs": runs,
                       "reference_melu_ml1m": {"melu5_mae": 0.785, "wide_deep_mae": 1.069}}))
+
+
+def _dataset_name(args) -> str:
+    if not args.ratings_only:
+        return "ml-100k"
+    name = f"{args.ratings or 'ml-100k u.data'} alone"
+    if args.split_items > 1:
+        name += f", each item split in {args.split_items} by user"
+    return name + (f", {args.users} users" if args.users else "")
 
 
 if __name__ == "__main__":

@@ -208,7 +208,10 @@ class TrainConfig:
     run; each metric is the mean over them, so the choice rests on more of the
     validation tasks' rows than one split's query rows.
     ``resplit`` draws training tasks' support and query rows anew each epoch.
-    ``baseline_learning_rate`` (default ``learning_rate``) is the baseline's own rate.
+    ``baseline_learning_rate`` (default ``learning_rate``) is the baseline's own rate;
+    ``baseline_table_learning_rate`` (default: each table's own ``learning_rate``) the
+    rate of every one of the baseline's tables, so the two models' embedding rows can
+    train at rates chosen for each (``gmeta tune`` searches both).
     ``pretrain_steps``: the meta model's first this many steps train its unadapted
     predictions on every row of the step's tasks (the baseline's objective), then
     meta-training starts from those weights (pre-training then meta-training, as in Chen
@@ -220,6 +223,7 @@ class TrainConfig:
     optimizer: Literal["adam", "adagrad", "sgd"] = "adam"
     learning_rate: float = field(0.003, min_exclusive=0.0)
     baseline_learning_rate: float | None = field(None, min_exclusive=0.0)
+    baseline_table_learning_rate: float | None = field(None, min_exclusive=0.0)
     shuffle_seed: int = 0
     log_every: int = field(50, min=1)
     eval_every: int = field(0, min=0)

@@ -79,14 +79,19 @@ def _of_kind(schema: meta_io.Schema, *kinds: str) -> list[str]:
     return [f.name for f in schema.features if f.kind.value in kinds]
 
 
-def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str) -> ShardedHashEmbedding:
+def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str,
+                   learning_rate: float | None = None) -> ShardedHashEmbedding:
     """The sharded hash embedding of the config's tables (multi-hot features mean-pooled;
     a table with a ``cache`` section gets a MixCache in front of each shard; the features
-    of a table with several get per-feature id salts unless it has ``shared_ids``)."""
+    of a table with several get per-feature id salts unless it has ``shared_ids``).
+    ``learning_rate`` replaces every table's own (the baseline's
+    ``train.baseline_table_learning_rate``)."""
     multi_hot = set(_of_kind(schema, "multi_hot"))
     tables, features = [], []
     for table, spec in model.tables.items():
-        tables.append(spec)  # a TableSection is the table's TableConfig
+        # A TableSection is the table's TableConfig.
+        tables.append(spec if learning_rate is None
+                      else dataclasses.replace(spec, learning_rate=learning_rate))
         salted = len(spec.features) > 1 and not spec.shared_ids
         features += [FeatureConfig(f, table, combiner="mean" if f in multi_hot else None,
                                    id_salt=feature_salt(f) if salted else 0)
@@ -144,7 +149,8 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
     head = make_head(config.model)
     with tf.device(placement.tables):
         embedding = make_embedding(config.model, schema, MODEL_EMBEDDING)
-        baseline_embedding = (make_embedding(config.model, schema, BASELINE_EMBEDDING)
+        baseline_embedding = (make_embedding(config.model, schema, BASELINE_EMBEDDING,
+                                             config.train.baseline_table_learning_rate)
                               if with_baseline else None)
     with tf.device(placement.dense):
         tower = make_tower(config.model, "tower")

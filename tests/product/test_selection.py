@@ -211,6 +211,33 @@ def test_each_model_stops_on_its_own_patience_and_its_run_is_its_own(tiny_data, 
     assert fast.finished_at.get("model") == slow.finished_at.get("model")
 
 
+def test_the_baselines_tables_train_at_their_own_rate(tiny_data, tmp_path):
+    """``train.baseline_table_learning_rate`` replaces every table's rate for the baseline
+    alone: the meta model's tables keep theirs, and its validation history is the same
+    whatever rate the baseline's rows learn at (``gmeta tune`` searches each model's)."""
+    from gmeta_tf.training.model_builder import build_models
+
+    def run(rate: float):
+        overrides = tiny_overrides(tmp_path / f"rate{rate}", tiny_data, steps=8) + [
+            "train.checkpoint_every=0", f"train.baseline_table_learning_rate={rate}"]
+        config = load_config("default", overrides)
+        models = build_models(config)
+        rates = {name: {t.name: t.optimizer.learning_rate for t in m.embedding.table_configs}
+                 for name, m in (("model", models.model), ("baseline", models.baseline))}
+        Trainer(config, fresh=True).run()
+        saved = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())
+        return rates, saved["history"]
+
+    own = {t: s.optimizer.learning_rate
+           for t, s in load_config("default", tuned=False).model.tables.items()}
+    (fast_rates, fast), (slow_rates, slow) = run(0.5), run(0.001)
+    assert fast_rates["model"] == slow_rates["model"] == own
+    assert fast_rates["baseline"] == {t: 0.5 for t in own}
+    assert slow_rates["baseline"] == {t: 0.001 for t in own}
+    assert [h["model"] for h in fast] == pytest.approx([h["model"] for h in slow], rel=1e-6)
+    assert [h["baseline"] for h in fast] != [h["baseline"] for h in slow]
+
+
 def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
         tiny_data, tmp_path, monkeypatch, caplog):
     """Once every model's loss is NaN the run stops at the next log or validation step with

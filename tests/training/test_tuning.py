@@ -23,6 +23,23 @@ def test_the_pipelines_own_settings_are_a_point_of_each_space(overrides, ridge):
     assert meta["meta.multi_step_loss"] == config.meta.multi_step_loss
     assert baseline["eval.baseline_steps"] == config.eval.baseline_steps
     assert baseline["eval.baseline_lr"] == config.eval.baseline_lr
+    rates = {t.optimizer.learning_rate for t in config.model.tables.values()}
+    assert {meta[f"model.tables.{t}.learning_rate"] for t in config.model.tables} == rates
+    assert [baseline["train.baseline_table_learning_rate"]] == list(rates)
+
+
+def test_each_study_searches_its_own_models_table_rate():
+    """The meta model's study sets every table's rate; the baseline's study its own
+    ``train.baseline_table_learning_rate``, so neither study moves the other's rows."""
+    config = load_config("movielens", ["train.baseline_table_learning_rate=0.2"], tuned=False)
+    meta = tuning._meta_space(optuna.trial.FixedTrial(
+        {**tuning.pipeline_params("model", config), "table_learning_rate": 0.01}), config)
+    baseline = tuning._baseline_space(
+        optuna.trial.FixedTrial(tuning.pipeline_params("baseline", config)), config)
+    assert {k: v for k, v in meta.items() if k.startswith("model.tables.")} == {
+        f"model.tables.{t}.learning_rate": 0.01 for t in config.model.tables}
+    assert baseline["train.baseline_table_learning_rate"] == 0.2
+    assert not any(k.startswith("model.") for k in baseline)
 
 
 def test_ridge_is_searched_only_where_it_applies():
