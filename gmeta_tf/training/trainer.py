@@ -378,6 +378,9 @@ class Trainer:
         else:
             train = self._sync_steps(models, meter)
         last_ckpt, out, eval_metrics, stopped = None, {}, {}, None
+        # Each model's loss at its last training step: a model that stopped early keeps
+        # the loss it stopped with, not none (the summary's final_loss, the last log line).
+        last_losses: dict = {}
         log.info("training %s from step %d to %d on %d rank(s), devices: tables %s, dense %s%s",
                  config.name, start, t.steps, self.size, self.placement.tables,
                  self.placement.dense, f", hybrid (staleness {hybrid.staleness})" if hybrid else "")
@@ -404,6 +407,7 @@ class Trainer:
             stops, stopped = [], start
         for step in stops:
             out = train(batches, done, step)
+            last_losses.update(out)
             done = step
             logs = step % t.log_every == 0 or step == t.steps
             validates = bool(t.eval_every) and (step % t.eval_every == 0 or step == t.steps)
@@ -463,8 +467,8 @@ class Trainer:
         for name, best in sorted(selection.best.items()):
             log.info("best checkpoint of the %s: step %d (validation %s %.4f)", name, best.step,
                      selection.metric, best.value)
-        result = self._result(start, models, meter, out, last_ckpt, eval_metrics, hybrid,
-                              selection, stopped)
+        result = self._result(start, models, meter, last_losses, last_ckpt, eval_metrics,
+                              hybrid, selection, stopped)
         tensorboard.close()
         return result
 

@@ -196,6 +196,8 @@ def test_each_model_stops_on_its_own_patience_and_its_run_is_its_own(tiny_data, 
             assert steps[name] == list(range(2, (end or 16) + 1, 2))
         first, last = sorted(("model", "baseline"), key=lambda n: result.finished_at.get(n, 99))
         end = result.finished_at[first]
+        # The model that stopped first reports the loss it stopped with, not NaN.
+        assert math.isfinite(result.final_loss) and math.isfinite(result.baseline_loss)
         assert end < result.finished_at.get(last, 16) and result.steps == result.finished_at.get(
             last, 16)
         assert (f"step {end}: the {first} has not improved its validation auc in 2 evaluations: "
