@@ -63,6 +63,14 @@ the baseline AUC +0.0003/+0.0080/-0.0008, MAE +0.0052/+0.0063/-0.0015, nDCG@3
 MAE +0.0098/+0.0131/+0.0045, nDCG@3 -0.0130/-0.0034/+0.0080 (6 of 9). At 60fc210 (shared
 early stopping): MAML 0.7457 / 0.7721 / 0.8572, the baseline 0.7418 / 0.7780 / 0.8585.
 
+The same ``--ratings-only`` command at 177379c (each study also searching its tables'
+learning rate; 30 minutes at ``--jobs 1`` beside a CI run): MAML 0.7477 / 0.7718 /
+0.8591, the baseline 0.7417 / 0.7777 / 0.8598, item mean + offset 0.7417 / 0.7831 /
+0.8651; against the baseline AUC -0.0022/+0.0145/+0.0058, MAE +0.0014/+0.0111/+0.0051,
+nDCG@3 -0.0069/-0.0030/+0.0078 (6 of 9); against item mean + offset AUC
+-0.0074/+0.0203/+0.0053, MAE +0.0061/+0.0179/+0.0098, nDCG@3 -0.0172/-0.0040/+0.0031 (6
+of 9). MAML chose table rates 0.034 / 0.178 / 0.05; the baseline kept its own (0.05).
+
 ``--ratings-only --split-items 5 --users 670 --seeds 0,1,2`` (2026-11-25 at 25087c4, 36
 minutes at ``--jobs 1`` beside another benchmark and a CI run): ``u.data`` with 670 users,
 each item split into 5 by a hash of the user (6,567 items with about 10 ratings each, as
