@@ -377,9 +377,9 @@ class Trainer:
             train, hybrid = self._hybrid_steps(models, meter)
         else:
             train = self._sync_steps(models, meter)
-        last_ckpt, out, eval_metrics, stopped = None, {}, {}, None
+        last_ckpt, eval_metrics, stopped = None, {}, None
         # Each model's loss at its last training step: a model that stopped early keeps
-        # the loss it stopped with, not none (the summary's final_loss, the last log line).
+        # the loss it stopped with, not NaN (the summary's final_loss, the last log line).
         last_losses: dict = {}
         log.info("training %s from step %d to %d on %d rank(s), devices: tables %s, dense %s%s",
                  config.name, start, t.steps, self.size, self.placement.tables,

@@ -29,8 +29,9 @@ MeLU rating model, the ridge strength of its output layer (``meta.ridge``, 0 = o
 baseline's learning rate, its tables' learning rate
 (``train.baseline_table_learning_rate``), fine-tuning rate and fine-tuning steps (the
 same range as k) and its own ridge strength (``eval.baseline_ridge``). A study's first
-trial gives every table the first table's rate. A plain CTR pipeline (``meta.enabled: false``) searches its
-learning rate, its tables' learning rate, its batch size and its embedding width.
+trial gives every table the first table's rate. A plain CTR pipeline (``meta.enabled:
+false``) searches its learning rate, its tables' learning rate, its batch size and its
+embedding width.
 
 The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train``,
 ``eval`` and ``export`` of that pipeline apply (below any ``--set``); every trial goes to
@@ -102,8 +103,7 @@ def _baseline_space(trial, config: PipelineConfig) -> dict[str, Any]:
                                                             log=True),
         "eval.baseline_lr": trial.suggest_float("fine_tune_lr", 1e-3, 3.0, log=True),
         "eval.baseline_steps": trial.suggest_int("fine_tune_steps", 1, 5),
-        "train.baseline_table_learning_rate": trial.suggest_float(
-            "table_learning_rate", *TABLE_RATES, log=True),
+        "train.baseline_table_learning_rate": _suggest_table_rate(trial),
     }
     if ridge_applies(config.model):
         settings["eval.baseline_ridge"] = trial.suggest_categorical("ridge", RIDGE)
@@ -126,8 +126,13 @@ def _table_rates(trial, config: PipelineConfig) -> dict[str, float]:
     few rows matters most where ids are rare (a catalogue of many items with few ratings
     each): on such data the best rate of MovieLens 100K was a poor one for the baseline
     (``benchmarks.cold_start --split-items``)."""
-    rate = trial.suggest_float("table_learning_rate", *TABLE_RATES, log=True)
+    rate = _suggest_table_rate(trial)
     return {f"model.tables.{table}.learning_rate": rate for table in config.model.tables}
+
+
+def _suggest_table_rate(trial) -> float:
+    """A study's table learning rate: one name and range for all three studies."""
+    return trial.suggest_float("table_learning_rate", *TABLE_RATES, log=True)
 
 
 def _first_table_rate(config: PipelineConfig) -> float:
