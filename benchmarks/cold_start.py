@@ -301,8 +301,9 @@ def _thinned_ratings(source: Path, work: Path, delimiter: str, header: bool,
 
 
 def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str,
-             raw: Path | None = None) -> dict:
-    """tune -> train -> eval of ``config`` at ``seed`` (and ``data.raw`` set to ``raw``)."""
+             raw: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
+    """tune -> train -> eval of ``config`` at ``seed`` (and ``data.raw`` set to ``raw``;
+    ``extra``: more ``--set`` overrides, the same for every seed)."""
     run_dir = work / f"seed{seed}"
     overrides = [f"run_dir={run_dir}", f"data.path={work / f'data-seed{seed}'}",
                  f"export.dir={run_dir}/export", f"data.seed={seed}", f"model.seed={seed}",
@@ -311,6 +312,7 @@ def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str,
         overrides.append(f"data.raw={raw}")
     if quick:
         overrides += ["train.steps=100", "train.eval_every=25"]
+    overrides += list(extra)
     sets = [a for o in overrides for a in ("--set", o)]
     timings = {}
     start = time.perf_counter()
@@ -424,6 +426,9 @@ def main() -> None:
                              "user (rare items, as in a larger catalogue)")
     parser.add_argument("--users", type=int,
                         help="with --ratings-only: a seeded sample of this many users")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every command of every seed (repeat), "
+                             "e.g. model.prior.feature=item_id")
     args = parser.parse_args()
     if not ML100K.is_dir():
         raise SystemExit(f"MovieLens 100K not found at {ML100K}")
@@ -437,7 +442,8 @@ def main() -> None:
                                                 args.users)), None)
                        if args.ratings_only else ("movielens", ML100K))
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            runs = list(pool.map(lambda s: run_seed(s, work, trials, args.quick, config, raw),
+            runs = list(pool.map(lambda s: run_seed(s, work, trials, args.quick, config, raw,
+                                                  tuple(args.sets)),
                                  seeds))
     table = summarize(runs)
     print_table(table, seeds)

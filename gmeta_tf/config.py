@@ -135,6 +135,18 @@ class HeadSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class PriorSection:
+    """The label prior (``gmeta_tf.models.LabelPrior``): each value of ``feature`` (a
+    single-valued sparse feature the tower reads, e.g. the item id) adds its damped mean
+    label on the training split to the raw output, fixed, for every model of the pipeline.
+    ``damping`` None chooses it on the validation split (the value whose prior alone
+    scores the validation query rows best)."""
+
+    feature: str = ""
+    damping: float | None = field(None, min=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Tables, tower and head.
 
@@ -144,7 +156,8 @@ class ModelConfig:
     adapt only it with ``meta.fast_weights: [context]``). With ``linear`` (default) either
     tower adds the first-order term to its output: a weight per id (one more column of
     every table row) and, in DLRM, per dense input, as a logistic regression or a bias
-    model has. Multi-hot features are mean-pooled.
+    model has. Multi-hot features are mean-pooled. ``prior`` (absent: none) adds a fixed
+    per-item prior to the output of every tower of the pipeline (``PriorSection``).
     """
 
     tower: Literal["dlrm", "melu"] = "dlrm"
@@ -160,6 +173,7 @@ class ModelConfig:
     top_units: tuple[int, ...] = (64, 32)
     linear: bool = True
     head: HeadSection = HeadSection()
+    prior: PriorSection | None = None
     seed: int = 0
 
     @property
@@ -635,6 +649,9 @@ def check_consistency(config: PipelineConfig) -> None:
                         f"head (ridge adaptation solves MeLU's output layer for a rating head's "
                         f"squared error)")
     tower_sparse = tower_sparse_features(model)
+    if model.prior is not None and model.prior.feature not in tower_sparse:
+        raise _fail("model.prior.feature", model.prior.feature,
+                    f"a sparse feature of the tower ({list(tower_sparse)})")
     for f in config.meta.adapt_embeddings:
         if f not in tower_sparse:
             raise _fail("meta.adapt_embeddings", list(config.meta.adapt_embeddings),

@@ -130,7 +130,7 @@ def role_batches(embedding: tf.keras.layers.Layer, tower: Tower, label: str,
         pairs[0][name], pairs[1][name], num_pairs[name] = task_id_pairs(support[name], query[name])
     out = []
     for i, role_batch in enumerate((support, query)):
-        inputs = {**emb[i], **{n: role_batch[n] for n in tower.dense_features}}
+        inputs = {**emb[i], **tower.raw_inputs(role_batch)}
         out.append(RoleBatch(inputs, tf.cast(role_batch[label], tf.float32),
                              tf.cast(role_batch["mask"], tf.float32), pairs[i]))
     return out[0], out[1], num_pairs

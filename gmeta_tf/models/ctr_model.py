@@ -43,7 +43,7 @@ class CTRModel(tf.keras.Model):
         """Embedded sparse features plus the raw dense features, as the tower reads them."""
         emb = self.embedding(embedding_inputs(features, self.tower.sparse_features),
                              training=training)
-        return {**emb, **{n: features[n] for n in self.tower.dense_features}}
+        return {**emb, **self.tower.raw_inputs(features)}
 
     def call(self, features: Mapping[str, tf.Tensor], training: bool = False) -> tf.Tensor:
         return self.head.predict(self.tower(self.tower_inputs(features, training)))

@@ -90,10 +90,11 @@ class DLRMTower(Tower):
         x = tf.concat([passthrough, interactions], axis=-1)
         x = apply_dense_stack(params, "top", len(self.top_units) + 1, x, activate_last=False)
         logit = tf.squeeze(x, axis=-1)
-        if self.linear:
-            logit += self.linear_term(params, features)
-            if dense_in is not None:
-                logit += tf.reduce_sum(dense_in * params["linear/dense"], axis=-1)
+        linear = self.linear_term(params, features)
+        if linear is not None:
+            logit += linear
+        if self.linear and dense_in is not None:
+            logit += tf.reduce_sum(dense_in * params["linear/dense"], axis=-1)
         return logit
 
     def get_config(self) -> dict:

@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 import tensorflow as tf
 
 from gmeta_tf.models.dense_stack import Params
+from gmeta_tf.models.label_prior import PRIOR_INPUT, LabelPrior
 
 
 class Tower(tf.keras.layers.Layer):
@@ -27,6 +28,10 @@ class Tower(tf.keras.layers.Layer):
         linear: The first-order term: every embedded row carries one more column, its
             id's weight, and ``linear_term`` sums the features' weights (a multi-hot
             feature's pooled one) into the raw output.
+
+    ``prior`` (a ``LabelPrior``, set after construction, shared by the towers of a
+    pipeline) adds each row's fixed prior to the raw output beside the linear term; it
+    reads the raw ids of its feature (``raw_inputs``).
     """
 
     def __init__(self, sparse_features: Sequence[str], embedding_dim: int,
@@ -43,6 +48,7 @@ class Tower(tf.keras.layers.Layer):
         self.seed = int(seed)
         self.linear = bool(linear)
         self._params: dict[str, tf.Variable] = {}
+        self.prior: LabelPrior | None = None
 
     @property
     def input_width(self) -> int:
@@ -91,10 +97,22 @@ class Tower(tf.keras.layers.Layer):
 
     def linear_term(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor | None:
         """The first-order term of the raw output ``[...]``: the sum of the sparse
-        features' id weights (None without ``linear``)."""
-        if not self.linear:
-            return None
-        return tf.add_n([features[f][..., self.embedding_dim] for f in self.sparse_features])
+        features' id weights (with ``linear``) and the row's prior (with ``prior``); None
+        without either."""
+        terms = []
+        if self.linear:
+            terms += [features[f][..., self.embedding_dim] for f in self.sparse_features]
+        if self.prior is not None:
+            terms.append(features[PRIOR_INPUT])
+        return tf.add_n(terms) if terms else None
+
+    def raw_inputs(self, features: Mapping[str, tf.Tensor]) -> dict:
+        """What the tower reads besides the embedded rows, from a batch's raw features
+        (``[...]`` ids and values): its dense features, and the rows' prior."""
+        out = {n: features[n] for n in self.dense_features}
+        if self.prior is not None:
+            out[PRIOR_INPUT] = self.prior(features[self.prior.feature])
+        return out
 
     def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         return self.apply(self.params(), features)

@@ -3,7 +3,8 @@
 The hash tables become ``StaticEmbedding`` variables (every rank's shard: the checkpoint
 is restored in one process, which reads all shard files); the tower's weights are saved
 as they are and its math, the heads and the meta model's inner loop are traced into the
-graph. Nothing in the SavedModel needs gmeta-tf or its op library.
+graph. A label prior (``model.prior``) is saved as its two variables (sorted ids, values)
+and read with the same stock ops. Nothing in the SavedModel needs gmeta-tf or its op library.
 
 Signatures:
 
@@ -78,11 +79,12 @@ class ServingModule(tf.Module):
         self.embedding = StaticEmbedding(frozen_tables(model.embedding),
                                          model.embedding.feature_configs)
         self.dense_weights = list(model.tower.params().values())
+        self.prior = model.tower.prior  # its ids and values are variables the graphs read
         tower, head, embedding = model.tower, model.head, self.embedding
 
         def serve(features):
             emb = embedding(embedding_inputs(features, tower.sparse_features), training=False)
-            inputs = {**emb, **{n: features[n] for n in tower.dense_features}}
+            inputs = {**emb, **tower.raw_inputs(features)}
             return {"scores": head.predict(tower(inputs))}
 
         self.serve = tf.function(serve, input_signature=[dict(specs)])

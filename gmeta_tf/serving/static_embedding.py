@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from gmeta_tf.embedding import FeatureConfig
 from gmeta_tf.embedding.id_salt import salt_ids
+from gmeta_tf.models.label_prior import lookup_sorted
 
 
 class FrozenTable(NamedTuple):
@@ -59,13 +60,7 @@ class StaticEmbedding(tf.Module):
 
     def lookup(self, table: str, ids: tf.Tensor) -> tf.Tensor:
         """Rows ``[n, dim]`` of an id vector; unknown ids get the default row."""
-        known = self.ids[table]
-        n = tf.size(known, out_type=tf.int64)
-        ids = tf.cast(ids, tf.int64)
-        position = tf.searchsorted(known, ids, side="left", out_type=tf.int64)
-        padded = tf.concat([known, tf.zeros([1], tf.int64)], 0)  # position n is valid
-        found = (position < n) & tf.equal(tf.gather(padded, position), ids)
-        return tf.gather(self.rows[table], tf.where(found, position, n))
+        return lookup_sorted(self.ids[table], self.rows[table], ids)
 
     def __call__(self, features: Mapping[str, tf.Tensor], training=None) -> dict:
         out = {}

@@ -15,7 +15,8 @@ from gmeta_tf.config import ConfigError, ModelConfig, PipelineConfig, tower_spar
 from gmeta_tf.embedding import FeatureConfig, ShardedHashEmbedding
 from gmeta_tf.embedding.id_salt import feature_salt
 from gmeta_tf.meta import MetaModel
-from gmeta_tf.models import BinaryHead, CTRModel, DLRMTower, Head, MeLUTower, RatingHead
+from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, Head, LabelPrior, MeLUTower,
+                             RatingHead)
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.devices import Placement
 
@@ -69,6 +70,12 @@ def _check_features(model: ModelConfig, schema: meta_io.Schema) -> None:
             raise ConfigError(f"config key 'model.dense_features.{f}' = {width!r} is not allowed: "
                               f"expected a dense feature of the dataset with its width, one of "
                               f"{ {n: names[n].dim for n in _of_kind(schema, 'dense')} }")
+    prior = model.prior
+    if prior is not None and (prior.feature not in names
+                              or names[prior.feature].kind.value != "sparse"):
+        raise ConfigError(f"config key 'model.prior.feature' = {prior.feature!r} is not allowed: "
+                          f"expected a single-valued sparse feature of the dataset, one of "
+                          f"{_of_kind(schema, 'sparse')}")
     labels = _of_kind(schema, "label")
     if model.head.label not in labels:
         raise ConfigError(f"config key 'model.head.label' = {model.head.label!r} is not "
@@ -163,6 +170,11 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
             raise ConfigError(f"config section 'meta' is not allowed: {err}") from err
         baseline = (CTRModel(baseline_embedding, make_tower(config.model, "baseline_tower"),
                              head, name="baseline_model") if with_baseline else None)
+        if config.model.prior is not None:  # one prior, read by both towers
+            prior = LabelPrior(config.model.prior.feature, head.kind)
+            for m in (model, baseline):
+                if m is not None:
+                    m.tower.prior = prior
         optimizers = tf.Module(name="optimizers")
         optimizers.model = keras_optimizer(config)
         model.compile(optimizer=optimizers.model)

@@ -50,7 +50,7 @@ class ReferenceData:
     feature: str = ""              # the chosen candidate (set by fit_references)
 
 
-def _rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
+def rows_of(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
     """Concatenated real rows of row batches or task batches (support and query)."""
     names = list(names)
     out: dict[str, list] = {n: [] for n in names}
@@ -66,9 +66,11 @@ def _rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndar
     return {n: np.concatenate(v) if v else np.zeros(0) for n, v in out.items()}
 
 
-def _loss(kind: str, labels: np.ndarray, predictions: np.ndarray) -> float:
+def loss_of(kind: str, labels: np.ndarray, predictions: np.ndarray) -> float:
+    """What the references' settings are chosen by: log loss of clicks (predictions
+    clipped away from 0 and 1), mean absolute error of ratings."""
     if kind == "binary":
-        return metrics.log_loss(labels, predictions)
+        return metrics.log_loss(labels, _clip(kind, predictions))
     return metrics.mae(labels, predictions)
 
 
@@ -199,7 +201,7 @@ def fit_linear(data: ReferenceData, train: Mapping[str, np.ndarray],
             model.epoch(features, labels)
             z = model._logit(*valid_features)
             p = 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30))) if data.kind == "binary" else z
-            loss = _loss(data.kind, valid_labels, p)
+            loss = loss_of(data.kind, valid_labels, p)
             if loss < best[0]:
                 snapshot = object.__new__(LinearModel)
                 snapshot.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v)
@@ -251,11 +253,11 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         seed: Seeds the linear model's batch order.
     """
     names = {data.label, *data.candidates, *data.sparse, *data.dense}
-    train = _rows(train_batches, names)
+    train = rows_of(train_batches, names)
     labels = np.asarray(train[data.label], np.float64)
     if not len(labels):
         raise ValueError("fit_references: the training split has no rows")
-    valid_rows = _query_rows(valid_batches, names) if tasks else _rows(valid_batches, names)
+    valid_rows = query_rows(valid_batches, names) if tasks else rows_of(valid_batches, names)
     valid_labels = np.asarray(valid_rows[data.label], np.float64)
     global_mean = float(labels.mean())
     predictors: dict[str, Predict] = {
@@ -271,7 +273,7 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         base = FeatureMean(first(train[feature]), labels)
         for d in DAMPINGS:
             predicted = _clip(data.kind, base.with_damping(d)(first(valid_rows[feature])))
-            losses[(feature, d)] = (_loss(data.kind, valid_labels, predicted), base)
+            losses[(feature, d)] = (loss_of(data.kind, valid_labels, predicted), base)
     feature, damping = min(losses, key=lambda key: losses[key][0])
     data = dataclasses.replace(data, feature=feature)
     item = losses[(feature, damping)][1].with_damping(damping)
@@ -294,7 +296,7 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
             fn = offset_predict(d)
             preds = np.concatenate([fn(b)[np.asarray(b["query"]["mask"]) > 0]
                                     for b in valid_batches])
-            offset_losses[d] = _loss(data.kind, valid_labels, preds)
+            offset_losses[d] = loss_of(data.kind, valid_labels, preds)
         d_task = min(offset_losses, key=offset_losses.get)
         predictors[f"{data.feature} mean + task offset"] = offset_predict(d_task)
         chosen[f"{data.feature} mean + task offset"] = {"damping": item.damping,
@@ -322,7 +324,7 @@ def _first_slot(batch: dict, data: ReferenceData) -> dict:
     return {**batch, "support": support}
 
 
-def _query_rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
+def query_rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
     """The real query rows of task batches."""
     names = list(names)
     out: dict[str, list] = {n: [] for n in names}
@@ -330,4 +332,4 @@ def _query_rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, n
         real = np.asarray(batch["query"]["mask"]) > 0
         for n in names:
             out[n].append(np.asarray(batch["query"][n])[real])
-    return {n: np.concatenate(v) for n, v in out.items()}
+    return {n: np.concatenate(v) if v else np.zeros(0) for n, v in out.items()}

@@ -64,6 +64,7 @@ from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.devices import configure_devices
 from gmeta_tf.training.evaluation import Validator, selection_metric
 from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
+from gmeta_tf.training.prior_fit import fit_prior
 from gmeta_tf.training.progress import ProgressBar
 from gmeta_tf.training.selection import Selection, validation_protocol
 from gmeta_tf.training.rank_agreement import on_all_ranks
@@ -291,7 +292,7 @@ class Trainer:
         names = [f.name for f in embedding.feature_configs]
 
         def loss_fn(embedded, rows):  # CTRModel._loss on pulled rows
-            outputs = tower({**embedded, **{n: rows[n] for n in tower.dense_features}})
+            outputs = tower({**embedded, **tower.raw_inputs(rows)})
             labels = tf.cast(rows[head.label], tf.float32)
             return tf.reduce_mean(head.row_loss(labels, outputs))
 
@@ -334,6 +335,9 @@ class Trainer:
         self._check_inputs()
         start = self._start_step(models)
         try:
+            prior = models.model.tower.prior
+            if prior is not None and not prior.fitted:  # a resumed run restored it
+                fit_prior(prior, self.config)
             return self._run(models, start)
         except BaseException:
             self._restore_aside()

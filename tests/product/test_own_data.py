@@ -97,6 +97,8 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     models, _ = restore_models(config)
     model = models.model
     assert model.ridge_variable is not None  # the README's pipeline solves the output layer
+    prior = model.tower.prior  # and adds each item's prior: served from the SavedModel too
+    assert prior.fitted and int(np.count_nonzero(prior.values.numpy())) > 10
     batch = next(iter(meta_io.read_tasks(config.data.path, 2, None, None, split="cold")))
     support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
     features = model.tower.feature_names

@@ -1,0 +1,118 @@
+"""LabelPrior: each value's damped mean label, a fixed term of every tower's raw output,
+kept as it is while a task's weights adapt."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from gmeta_tf.meta import MetaConfig, MetaModel
+from gmeta_tf.models import CTRModel, DLRMTower, LabelPrior, MeLUTower, RatingHead
+from gmeta_tf.models.label_prior import PRIOR_INPUT
+from tests.meta import tiny
+
+DIM = 4
+
+
+def test_fit_gives_each_value_its_damped_mean_against_the_global_mean():
+    values = np.array([7, 7, 7, 3, 9, 9])
+    labels = np.array([5.0, 4.0, 3.0, 1.0, 2.0, 3.0])
+    prior = LabelPrior("item_id", "rating")
+    assert not prior.fitted
+    prior.fit(values, labels, damping=2.0)
+    g = labels.mean()
+    want = {7: (12 + 2 * g) / 5 - g, 3: (1 + 2 * g) / 3 - g, 9: (5 + 2 * g) / 4 - g}
+    out = prior(tf.constant([[9, 3, 42], [7, -1, 7]], tf.int64)).numpy()
+    assert out.shape == (2, 3)
+    np.testing.assert_allclose(out, [[want[9], want[3], 0.0], [want[7], 0.0, want[7]]],
+                               rtol=1e-5, atol=1e-6)  # unknown ids and padding: 0
+    assert prior.fitted and float(prior.damping.numpy()) == 2.0
+
+
+def test_a_binary_prior_is_the_damped_rate_as_a_logit_against_the_global_rate():
+    prior = LabelPrior("site", "binary")
+    prior.fit(np.array([1, 1, 1, 1, 2, 2]), np.array([1, 1, 1, 0, 0, 0.0]), damping=1.0)
+    g = 0.5
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    np.testing.assert_allclose(prior(tf.constant([1, 2, 3])).numpy(),
+                               [logit((3 + g) / 5) - logit(g), logit(g / 3) - logit(g), 0.0],
+                               rtol=1e-5)
+
+
+def test_an_unfitted_prior_is_zero_and_bad_priors_are_refused():
+    prior = LabelPrior("item_id", "rating")
+    np.testing.assert_array_equal(prior(tf.constant([1, 2])).numpy(), [0.0, 0.0])
+    with pytest.raises(ValueError, match="duplicate ids"):
+        prior.assign(np.array([1, 1]), np.array([0.1, 0.2]), 1.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        prior.assign(np.array([1, 2]), np.array([0.1, np.nan]), 1.0)
+    with pytest.raises(ValueError, match="no training rows"):
+        prior.fit(np.zeros(0), np.zeros(0), 1.0)
+    with pytest.raises(ValueError, match="kind"):
+        LabelPrior("item_id", "ranking")
+
+
+@pytest.mark.parametrize("linear", [False, True])
+@pytest.mark.parametrize("make", [
+    lambda linear: MeLUTower(["item_id"], ["age"], DIM, hidden_units=(5,), seed=1,
+                             linear=linear),
+    lambda linear: DLRMTower(["item_id", "age"], DIM, {"price": 1}, bottom_units=(3,),
+                             top_units=(5,), seed=2, linear=linear)], ids=["melu", "dlrm"])
+def test_a_towers_prior_adds_each_rows_prior_to_its_raw_output(make, linear):
+    tower = make(linear)
+    rng = np.random.default_rng(0)
+    width = tower.input_width
+    embedded = {"item_id": rng.normal(size=(2, 3, width)).astype(np.float32),
+                "age": rng.normal(size=(2, 3, width)).astype(np.float32)}
+    raw = {"item_id": np.array([[1, 2, 5], [2, 2, 8]], np.int64),
+           "price": rng.normal(size=(2, 3)).astype(np.float32)}
+    plain = tower.apply(tower.params(), {**embedded, **tower.raw_inputs(raw)}).numpy()
+    prior = LabelPrior("item_id", "rating")
+    prior.assign(np.array([1, 2]), np.array([0.5, -1.25]), damping=1.0)
+    tower.prior = prior
+    inputs = {**embedded, **tower.raw_inputs(raw)}
+    np.testing.assert_allclose(inputs[PRIOR_INPUT], [[0.5, -1.25, 0.0], [-1.25, -1.25, 0.0]])
+    np.testing.assert_allclose(tower.apply(tower.params(), inputs).numpy() - plain,
+                               inputs[PRIOR_INPUT], rtol=1e-5, atol=1e-5)
+
+
+def _zero_tower(tower) -> None:
+    for v in tower.params().values():
+        v.assign(tf.zeros_like(v))
+
+
+def test_adaptation_keeps_the_prior_and_learns_each_tasks_offset():
+    """With the MLP at zero, a ridge-adapted meta model is the bias model: each user's
+    adapted output bias is its mean residual against offset + prior on its support
+    ratings, and its query predictions are offset + prior + that bias."""
+    batch = tiny.tasks(3, support=6, query=4, seed=2)
+    prior = LabelPrior("item_id", "rating")
+    items = np.arange(12)
+    prior.assign(items, np.linspace(-1.0, 1.0, 12), damping=1.0)
+    model = MetaModel(tiny.embedding(), MeLUTower(["item_id"], ["user_id"], tiny.DIM,
+                                                  hidden_units=(tiny.HIDDEN,), seed=3),
+                      RatingHead("rating", offset=3.0),
+                      MetaConfig("maml", inner_steps=1, inner_lr=1e-9, ridge=1e-2))
+    model.tower.prior = prior
+    _zero_tower(model.tower)
+    model.ridge_variable.assign(np.full(model.ridge_variable.shape, np.log(1e-2), np.float32))
+    got = model.adapted_predictions(batch).numpy()
+    support, query = batch["support"], batch["query"]
+    base = lambda role: 3.0 + np.where(role["item_id"] >= 0,  # noqa: E731
+                                       np.linspace(-1.0, 1.0, 12)[role["item_id"]], 0.0)
+    mask = support["mask"]
+    offset = ((support["rating"] - base(support)) * mask).sum(1) / (mask.sum(1) + 1e-2)
+    np.testing.assert_allclose(got, base(query) + offset[:, None], rtol=1e-4, atol=1e-4)
+    unadapted = model.adapted_predictions(batch, steps=0).numpy()
+    np.testing.assert_allclose(unadapted, base(query), rtol=1e-5, atol=1e-5)
+
+
+def test_a_ctr_model_reads_the_prior_from_the_raw_ids():
+    tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
+    model = CTRModel(tiny.embedding(), tower, RatingHead("rating", offset=3.0))
+    prior = LabelPrior("item_id", "rating")
+    prior.assign(np.array([4, 6]), np.array([0.75, -0.5]), damping=1.0)
+    tower.prior = prior
+    _zero_tower(tower)
+    rows = {"item_id": tf.constant([4, 6, 9], tf.int64),
+            "user_id": tf.constant([1, 1, 2], tf.int64)}
+    np.testing.assert_allclose(model(rows).numpy(), [3.75, 2.5, 3.0], rtol=1e-6)

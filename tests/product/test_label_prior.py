@@ -1,0 +1,96 @@
+"""``model.prior``: fitted on the training split before step 0 (its damping chosen on the
+validation split unless set), saved with the checkpoints, restored (not fitted again) by a
+resumed run and by gmeta eval / export."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from gmeta_tf import checkpoint
+from gmeta_tf import data as meta_io
+from gmeta_tf.config import ConfigError, load_config
+from gmeta_tf.meta import metrics
+from gmeta_tf.training import Trainer
+from gmeta_tf.training.cold_start import restore_models
+from gmeta_tf.training.references import DAMPINGS
+from tests.product.conftest import tiny_overrides
+
+
+def _rows(data, split, names, query_only=False):
+    dataset = meta_io.TaskDataset(str(data), split, rank=0, size=1, features=names)
+    out = {n: [] for n in names}
+    batches = dataset.tasks(8, None, None) if query_only else dataset.rows(512)
+    for batch in batches:
+        rows = batch["query"] if query_only else batch
+        real = np.asarray(rows["mask"]) > 0 if query_only else slice(None)
+        for n in names:
+            out[n].append(np.asarray(rows[n])[real])
+    return {n: np.concatenate(v) for n, v in out.items()}
+
+
+def _expected_prior(data):
+    """The damped click rate per item on the warm rows, as a logit against the global
+    rate, at the damping with the lowest validation log loss: computed here apart."""
+    train = _rows(data, "warm", ["item_id", "label"])
+    valid = _rows(data, "valid", ["item_id", "label"], query_only=True)
+    g = train["label"].mean()
+    keys, inverse = np.unique(train["item_id"], return_inverse=True)
+    sums = np.bincount(inverse, weights=train["label"])
+    counts = np.bincount(inverse).astype(float)
+
+    def rates(d, ids):
+        at = np.searchsorted(keys, ids).clip(0, len(keys) - 1)
+        known = keys[at] == ids
+        return np.where(known, (sums[at] + d * g) / (counts[at] + d), g)
+
+    losses = {d: metrics.log_loss(valid["label"], np.clip(rates(d, valid["item_id"]),
+                                                          1e-3, 1 - 1e-3)) for d in DAMPINGS}
+    d = min(losses, key=losses.get)
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    return keys, logit(rates(d, keys)) - logit(g), d
+
+
+def test_training_fits_the_prior_and_every_later_step_restores_it(tiny_data, tmp_path, caplog):
+    overrides = tiny_overrides(tmp_path / "run", tiny_data, steps=4) + [
+        "model.prior.feature=item_id"]
+    config = load_config("default", overrides)
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.prior_fit"):
+        Trainer(config, fresh=True).run()
+    assert "label prior of 'item_id'" in caplog.text
+    keys, values, damping = _expected_prior(tiny_data)
+    models, _ = restore_models(config)
+    for model in (models.model, models.baseline):  # one prior, read by both towers
+        prior = model.tower.prior
+        assert prior.fitted and float(prior.damping.numpy()) == damping
+        np.testing.assert_array_equal(prior.ids.numpy(), keys)
+        np.testing.assert_allclose(prior.values.numpy()[:-1], values, rtol=1e-4, atol=1e-5)
+    assert models.model.tower.prior is models.baseline.tower.prior
+
+    caplog.clear()
+    more = load_config("default", overrides + ["train.steps=8"])
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.training.prior_fit"):
+        Trainer(more, resume=True).run()
+    assert "label prior" not in caplog.text  # restored with the checkpoint, not fitted again
+    resumed, info = restore_models(more, str(checkpoint.latest(more.checkpoint_dir)))
+    assert info["step"] == 8
+    np.testing.assert_allclose(resumed.model.tower.prior.values.numpy()[:-1], values,
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_a_set_damping_is_used_as_it_is(tiny_data, tmp_path):
+    overrides = tiny_overrides(tmp_path / "run", tiny_data, steps=2) + [
+        "model.prior.feature=item_id", "model.prior.damping=7", "train.eval_every=0"]
+    config = load_config("default", overrides)
+    Trainer(config, fresh=True).run()
+    models, _ = restore_models(config)
+    assert float(models.model.tower.prior.damping.numpy()) == 7.0
+
+
+def test_a_prior_on_a_multi_hot_feature_is_refused(tiny_data, tmp_path):
+    config = load_config("default", tiny_overrides(tmp_path / "run", tiny_data) + [
+        "model.prior.feature=genres"])
+    with pytest.raises(ConfigError, match="model.prior.feature.*single-valued sparse"):
+        Trainer(config, fresh=True).run()
