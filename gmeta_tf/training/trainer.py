@@ -680,6 +680,8 @@ class Trainer:
                              ) / self.size
         end = stopped if stopped is not None else self.config.train.steps
         steps = end - start
+        if steps == 0 and self.rank == 0:  # nothing trained: the losses the models stopped with
+            loss, baseline = self._previous_losses(loss, baseline)
         result = TrainResult(start, end, meter.elapsed, int(samples), loss,
                              baseline, str(ckpt), self.size, self._table_rows(models),
                              self._alltoall_bytes() / max(steps, 1), eval_metrics,
@@ -704,6 +706,19 @@ class Trainer:
                          table, counters["hit_rate"], counters["hits"], counters["lookups"],
                          counters["size"])
         return result
+
+
+    def _previous_losses(self, loss: float, baseline: float | None
+                         ) -> tuple[float, float | None]:
+        """The final losses of the run's previous summary (a resume with nothing left to
+        train reports the losses its models stopped with), else those given."""
+        try:
+            previous = json.loads(Path(self.config.run_dir, SUMMARY_FILE).read_text())
+        except (OSError, ValueError):
+            return loss, baseline
+        found = previous.get("final_loss")
+        return (float(found) if isinstance(found, (int, float)) else loss,
+                previous.get("baseline_loss", baseline))
 
 
 _CACHE_COUNTERS = ("hits", "lookups", "size", "capacity", "admitted", "evicted")

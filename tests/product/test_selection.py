@@ -116,6 +116,11 @@ def test_training_logs_validation_stops_early_and_keeps_the_best_checkpoints(sto
     steps = sorted(int(p.name.split("-")[1]) for p in Path(config.checkpoint_dir).glob("ckpt-*"))
     assert steps[-1] == result.stopped_early_at
     assert set(steps) <= {b["step"] for b in best["best"].values()} | {steps[-1]}
+    # --resume with both models stopped: nothing trains, the losses they stopped with stand
+    resumed = Trainer(config, resume=True).run()
+    assert resumed.steps == resumed.start_step == result.stopped_early_at
+    assert math.isfinite(resumed.final_loss) and resumed.final_loss == result.final_loss
+    assert resumed.baseline_loss == result.baseline_loss
 
 
 def test_pretraining_steps_train_the_plain_objective_then_meta_training(tiny_data, tmp_path,
