@@ -9,6 +9,9 @@ import tensorflow as tf
 from gmeta_tf.models.dense_stack import Params
 from gmeta_tf.models.label_prior import PRIOR_INPUT, LabelPrior
 
+#: The tower weight that scales the label prior (with ``prior``).
+PRIOR_SCALE = "prior/scale"
+
 
 class Tower(tf.keras.layers.Layer):
     """Base of the towers: a Keras layer whose math is also a pure function of its weights.
@@ -29,9 +32,11 @@ class Tower(tf.keras.layers.Layer):
             id's weight, and ``linear_term`` sums the features' weights (a multi-hot
             feature's pooled one) into the raw output.
 
-    ``prior`` (a ``LabelPrior``, set after construction, shared by the towers of a
-    pipeline) adds each row's fixed prior to the raw output beside the linear term; it
-    reads the raw ids of its feature (``raw_inputs``).
+    ``prior`` (a ``LabelPrior``, shared by the towers of a pipeline; set before the
+    weights are built) adds each row's fixed prior, times the tower's weight
+    ``prior/scale`` (starting at 1), to the raw output beside the linear term; it reads
+    the raw ids of its feature (``raw_inputs``). The scale is a tower weight like any
+    other: adapted per task, it is how much a user follows the items' consensus.
     """
 
     def __init__(self, sparse_features: Sequence[str], embedding_dim: int,
@@ -70,6 +75,9 @@ class Tower(tf.keras.layers.Layer):
     def build(self, input_shape=None) -> None:
         if not self._params:
             self._params = self._create_weights()
+            if self.prior is not None:
+                self._params[PRIOR_SCALE] = self.add_weight(name=PRIOR_SCALE, shape=[],
+                                                            initializer="ones")
         super().build(input_shape)
 
     def _create_weights(self) -> dict[str, tf.Variable]:
@@ -103,7 +111,10 @@ class Tower(tf.keras.layers.Layer):
         if self.linear:
             terms += [features[f][..., self.embedding_dim] for f in self.sparse_features]
         if self.prior is not None:
-            terms.append(features[PRIOR_INPUT])
+            prior, scale = features[PRIOR_INPUT], params.get(PRIOR_SCALE)
+            if scale is not None:  # [] or, adapted per task, [T] against a prior [T, N]
+                prior = prior * (scale[:, None] if scale.shape.rank == 1 else scale)
+            terms.append(prior)
         return tf.add_n(terms) if terms else None
 
     def raw_inputs(self, features: Mapping[str, tf.Tensor]) -> dict:

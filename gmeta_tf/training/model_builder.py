@@ -109,15 +109,18 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str,
         raise ConfigError(f"config section 'model.tables' is not allowed: {err}") from err
 
 
-def make_tower(model: ModelConfig, name: str) -> Tower:
-    """The dense tower of the config."""
+def make_tower(model: ModelConfig, name: str, prior: LabelPrior | None = None) -> Tower:
+    """The dense tower of the config (reading ``prior``, if given)."""
     if model.tower == "melu":
-        return MeLUTower(model.item_features, model.user_features, model.embedding_dim,
-                         model.hidden_units, seed=model.seed,
-                         context_dim=model.context_dim, linear=model.linear, name=name)
-    return DLRMTower(tower_sparse_features(model), model.embedding_dim,
-                     dict(model.dense_features) or None, model.bottom_units, model.top_units,
-                     seed=model.seed, linear=model.linear, name=name)
+        tower: Tower = MeLUTower(model.item_features, model.user_features, model.embedding_dim,
+                                 model.hidden_units, seed=model.seed,
+                                 context_dim=model.context_dim, linear=model.linear, name=name)
+    else:
+        tower = DLRMTower(tower_sparse_features(model), model.embedding_dim,
+                          dict(model.dense_features) or None, model.bottom_units,
+                          model.top_units, seed=model.seed, linear=model.linear, name=name)
+    tower.prior = prior  # before its weights are built: the prior's scale is one of them
+    return tower
 
 
 def make_head(model: ModelConfig) -> Head:
@@ -160,7 +163,10 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
                                              config.train.baseline_table_learning_rate)
                               if with_baseline else None)
     with tf.device(placement.dense):
-        tower = make_tower(config.model, "tower")
+        # One label prior, read by both towers.
+        prior = (LabelPrior(config.model.prior.feature, head.kind)
+                 if config.model.prior is not None else None)
+        tower = make_tower(config.model, "tower", prior)
         try:
             if config.meta.enabled:
                 model = MetaModel(embedding, tower, head, config.meta, name="meta_model")
@@ -168,13 +174,9 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
                 model = CTRModel(embedding, tower, head, name="ctr_model")
         except ValueError as err:  # e.g. a fast_weights selector matching nothing
             raise ConfigError(f"config section 'meta' is not allowed: {err}") from err
-        baseline = (CTRModel(baseline_embedding, make_tower(config.model, "baseline_tower"),
+        baseline = (CTRModel(baseline_embedding, make_tower(config.model, "baseline_tower",
+                                                            prior),
                              head, name="baseline_model") if with_baseline else None)
-        if config.model.prior is not None:  # one prior, read by both towers
-            prior = LabelPrior(config.model.prior.feature, head.kind)
-            for m in (model, baseline):
-                if m is not None:
-                    m.tower.prior = prior
         optimizers = tf.Module(name="optimizers")
         optimizers.model = keras_optimizer(config)
         model.compile(optimizer=optimizers.model)

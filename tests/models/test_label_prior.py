@@ -8,6 +8,7 @@ import tensorflow as tf
 from gmeta_tf.meta import MetaConfig, MetaModel
 from gmeta_tf.models import CTRModel, DLRMTower, LabelPrior, MeLUTower, RatingHead
 from gmeta_tf.models.label_prior import PRIOR_INPUT
+from gmeta_tf.models.tower import PRIOR_SCALE
 from tests.meta import tiny
 
 DIM = 4
@@ -57,22 +58,32 @@ def test_an_unfitted_prior_is_zero_and_bad_priors_are_refused():
                              linear=linear),
     lambda linear: DLRMTower(["item_id", "age"], DIM, {"price": 1}, bottom_units=(3,),
                              top_units=(5,), seed=2, linear=linear)], ids=["melu", "dlrm"])
-def test_a_towers_prior_adds_each_rows_prior_to_its_raw_output(make, linear):
-    tower = make(linear)
+def test_a_towers_prior_adds_each_rows_prior_times_its_scale_to_its_raw_output(make, linear):
+    plain_tower, tower = make(linear), make(linear)
+    prior = LabelPrior("item_id", "rating")
+    prior.assign(np.array([1, 2]), np.array([0.5, -1.25]), damping=1.0)
+    tower.prior = prior  # before its weights: the prior's scale is one of them
+    params = tower.params()
+    assert list(params)[-1] == PRIOR_SCALE and float(params[PRIOR_SCALE].numpy()) == 1.0
+    assert {n: v.numpy().tolist() for n, v in plain_tower.params().items()} == {
+        n: v.numpy().tolist() for n, v in params.items() if n != PRIOR_SCALE}
     rng = np.random.default_rng(0)
     width = tower.input_width
     embedded = {"item_id": rng.normal(size=(2, 3, width)).astype(np.float32),
                 "age": rng.normal(size=(2, 3, width)).astype(np.float32)}
     raw = {"item_id": np.array([[1, 2, 5], [2, 2, 8]], np.int64),
            "price": rng.normal(size=(2, 3)).astype(np.float32)}
-    plain = tower.apply(tower.params(), {**embedded, **tower.raw_inputs(raw)}).numpy()
-    prior = LabelPrior("item_id", "rating")
-    prior.assign(np.array([1, 2]), np.array([0.5, -1.25]), damping=1.0)
-    tower.prior = prior
+    plain = plain_tower.apply(plain_tower.params(),
+                              {**embedded, **plain_tower.raw_inputs(raw)}).numpy()
     inputs = {**embedded, **tower.raw_inputs(raw)}
     np.testing.assert_allclose(inputs[PRIOR_INPUT], [[0.5, -1.25, 0.0], [-1.25, -1.25, 0.0]])
-    np.testing.assert_allclose(tower.apply(tower.params(), inputs).numpy() - plain,
+    np.testing.assert_allclose(tower.apply(params, inputs).numpy() - plain,
                                inputs[PRIOR_INPUT], rtol=1e-5, atol=1e-5)
+    # The scale per task (a fast weight [T]) scales each task's rows.
+    per_task = {**params, PRIOR_SCALE: tf.constant([2.0, -0.5])}
+    np.testing.assert_allclose(tower.apply(per_task, inputs).numpy() - plain,
+                               inputs[PRIOR_INPUT] * np.array([[2.0], [-0.5]]),
+                               rtol=1e-5, atol=1e-5)
 
 
 def _zero_tower(tower) -> None:
@@ -88,12 +99,13 @@ def test_adaptation_keeps_the_prior_and_learns_each_tasks_offset():
     prior = LabelPrior("item_id", "rating")
     items = np.arange(12)
     prior.assign(items, np.linspace(-1.0, 1.0, 12), damping=1.0)
-    model = MetaModel(tiny.embedding(), MeLUTower(["item_id"], ["user_id"], tiny.DIM,
-                                                  hidden_units=(tiny.HIDDEN,), seed=3),
-                      RatingHead("rating", offset=3.0),
+    tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
+    tower.prior = prior
+    model = MetaModel(tiny.embedding(), tower, RatingHead("rating", offset=3.0),
                       MetaConfig("maml", inner_steps=1, inner_lr=1e-9, ridge=1e-2))
-    model.tower.prior = prior
-    _zero_tower(model.tower)
+    assert PRIOR_SCALE in model.adapter.fast_names  # MeLU adapts every weight
+    _zero_tower(tower)
+    tower.params()[PRIOR_SCALE].assign(1.0)
     model.ridge_variable.assign(np.full(model.ridge_variable.shape, np.log(1e-2), np.float32))
     got = model.adapted_predictions(batch).numpy()
     support, query = batch["support"], batch["query"]
@@ -108,11 +120,36 @@ def test_adaptation_keeps_the_prior_and_learns_each_tasks_offset():
 
 def test_a_ctr_model_reads_the_prior_from_the_raw_ids():
     tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
-    model = CTRModel(tiny.embedding(), tower, RatingHead("rating", offset=3.0))
     prior = LabelPrior("item_id", "rating")
     prior.assign(np.array([4, 6]), np.array([0.75, -0.5]), damping=1.0)
     tower.prior = prior
+    model = CTRModel(tiny.embedding(), tower, RatingHead("rating", offset=3.0))
     _zero_tower(tower)
+    tower.params()[PRIOR_SCALE].assign(1.0)
     rows = {"item_id": tf.constant([4, 6, 9], tf.int64),
             "user_id": tf.constant([1, 1, 2], tf.int64)}
     np.testing.assert_allclose(model(rows).numpy(), [3.75, 2.5, 3.0], rtol=1e-6)
+
+
+def test_each_task_adapts_how_much_it_follows_the_prior():
+    """The prior's scale as the only fast weight: a user whose ratings are offset + 2 x
+    prior is fitted with scale 2; the slow scale stays 1."""
+    batch = tiny.tasks(2, support=6, query=4, seed=5)
+    priors = np.linspace(-1.0, 1.0, 12)
+    for role in ("support", "query"):
+        items = batch[role]["item_id"]
+        batch[role]["rating"] = np.where(items >= 0, 3.0 + 2.0 * priors[items], 0.0
+                                         ).astype(np.float32)
+    prior = LabelPrior("item_id", "rating")
+    prior.assign(np.arange(12), priors, damping=1.0)
+    tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
+    tower.prior = prior
+    model = MetaModel(tiny.embedding(), tower, RatingHead("rating", offset=3.0),
+                      MetaConfig("maml", inner_steps=60, inner_lr=1.0,
+                                 fast_weights=(PRIOR_SCALE,)))
+    _zero_tower(tower)
+    tower.params()[PRIOR_SCALE].assign(1.0)
+    query = batch["query"]
+    want = np.where(query["item_id"] >= 0, 3.0 + 2.0 * priors[query["item_id"]], 0.0)
+    np.testing.assert_allclose(model.adapted_predictions(batch).numpy(), want, atol=1e-3)
+    assert float(tower.params()[PRIOR_SCALE].numpy()) == 1.0
