@@ -106,7 +106,10 @@ of 9, from 1 of 9); against the baseline 4 of 9. MovieLens 100K with features, `
 0.8628, item mean + offset 0.7417 / 0.7831 / 0.8651; against the baseline AUC
 -0.0007/+0.0133/+0.0023, MAE +0.0017/+0.0196/+0.0025, nDCG@3 +0.0071/+0.0093/-0.0039 (7
 of 9); against item mean + offset AUC -0.0016/+0.0159/+0.0094, MAE
-+0.0106/+0.0261/+0.0133, nDCG@3 +0.0034/+0.0050/-0.0030 (7 of 9). Target not reached.
++0.0106/+0.0261/+0.0133, nDCG@3 +0.0034/+0.0050/-0.0030 (7 of 9). ``--ratings-only``:
+MAML 0.7471 / 0.7743 / 0.8634, the baseline 0.7436 / 0.7779 / 0.8656, item mean + offset
+0.7417 / 0.7831 / 0.8651; MAML wins AUC and MAE on every seed against both and nDCG@3 on
+none (6 of 9 against each). Target not reached.
 
 The run before, with MeLU's protocol to the letter (users with more than 100 ratings
 dropped from training too; 2026-11-24, 21 minutes; 16-wide context vector, the plain loss
