@@ -5,7 +5,7 @@ about the item than its few embedding updates learn. The bias model that teams s
 cold start (item mean from the warm users + the new user's offset) starts from that
 knowledge; with a prior the towers start from it too and learn the rest:
 
-    raw output = tower(...) + prior[item]
+    raw output = tower(...) + scale * prior[item]
     prior[item] = g((sum_item + d * mean) / (count_item + d)) - g(mean)
 
 over the training split's rows, ``g`` the head's link (identity for ratings, logit for
@@ -13,7 +13,8 @@ clicks), ``d`` the damping (chosen on the validation split unless configured). U
 values get 0 (the global mean). The prior is fitted once before the first step and never
 trained: adapting a task's weights (the meta model's inner loop, the baseline's
 fine-tuning) leaves it as it is, as the bias model keeps its item means; the adapted
-output bias is then the task's offset.
+output bias is then the task's offset and the adapted ``scale`` (a tower weight,
+``Tower.PRIOR_SCALE``, starting at 1) how far the task follows the items' means.
 
 The table is two variables (the values' ids, sorted, and their priors plus a last 0 for
 unknown ids) read with stock ops (``lookup_sorted``), so it lives in checkpoints and in the
@@ -94,19 +95,14 @@ class LabelPrior(tf.Module):
         self.values.assign(np.concatenate([priors, np.zeros(1, np.float32)]))
         self.damping.assign(float(damping))
 
-    def fit(self, values: np.ndarray, labels: np.ndarray, damping: float) -> None:
-        """Fits the prior on training rows: each value's damped mean label against the
-        global mean, in the head's output space."""
-        values = np.asarray(values).reshape(-1)
-        labels = np.asarray(labels, np.float64).reshape(-1)
-        if not len(labels):
+    def set_means(self, ids: np.ndarray, means: np.ndarray, global_mean: float,
+                  damping: float) -> None:
+        """Sets each id's prior from its (damped) mean label on the training rows and the
+        global mean, in the head's output space (``training.prior_fit`` computes them as
+        the item-mean reference does, ``references.FeatureMean``)."""
+        if not len(ids):
             raise ValueError(f"LabelPrior({self.feature!r}): no training rows to fit on")
-        mean = float(labels.mean())
-        keys, inverse = np.unique(values, return_inverse=True)
-        sums = np.bincount(inverse, weights=labels, minlength=len(keys))
-        counts = np.bincount(inverse, minlength=len(keys)).astype(np.float64)
-        damped = (sums + damping * mean) / np.maximum(counts + damping, 1e-12)
-        self.assign(keys, link(self.kind, damped) - link(self.kind, mean), damping)
+        self.assign(ids, link(self.kind, means) - link(self.kind, global_mean), damping)
 
     def __call__(self, ids: tf.Tensor) -> tf.Tensor:
         """The prior of every id, same shape as ``ids``."""

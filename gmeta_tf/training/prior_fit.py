@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig
@@ -44,6 +43,7 @@ def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
     names = [feature, label]
     train = _split_rows(config, "warm", names, query_only=False)
     values, labels = train[feature], np.asarray(train[label], np.float64)
+    mean = FeatureMean(values, labels)  # each value's sums and counts, once
     damping = config.model.prior.damping
     losses: dict[float, float] = {}
     if damping is None:
@@ -58,14 +58,13 @@ def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
             raise ConfigError(f"config key 'model.prior.damping' = None is not allowed: the "
                               f"validation split {split!r} has no rows to choose it on; set "
                               f"a damping, e.g. 10")
-        mean = FeatureMean(values, labels)
         for d in DAMPINGS:
             losses[d] = loss_of(prior.kind, valid[label], mean.with_damping(d)(valid[feature]))
         damping = min(losses, key=losses.get)
-    prior.fit(values, labels, damping)
+    chosen = mean.with_damping(damping)
+    prior.set_means(chosen.keys, chosen(chosen.keys), chosen.global_mean, damping)
     log.info("label prior of %r: %d values from %d training rows (global mean %.4g, "
-             "output %s), damping %g%s", feature, int(tf.size(prior.ids)), len(labels),
-             float(labels.mean()), "logit" if prior.kind == "binary" else "rating", damping,
+             "output %s), damping %g%s", feature, len(chosen.keys), len(labels),
+             chosen.global_mean, "logit" if prior.kind == "binary" else "rating", damping,
              f" (validation loss per damping: {losses})" if losses else "")
     return losses
-

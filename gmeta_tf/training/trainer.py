@@ -707,7 +707,6 @@ class Trainer:
                          counters["size"])
         return result
 
-
     def _previous_losses(self, loss: float, baseline: float | None
                          ) -> tuple[float, float | None]:
         """The final losses of the run's previous summary (a resume with nothing left to

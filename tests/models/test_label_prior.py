@@ -9,9 +9,16 @@ from gmeta_tf.meta import MetaConfig, MetaModel
 from gmeta_tf.models import CTRModel, DLRMTower, LabelPrior, MeLUTower, RatingHead
 from gmeta_tf.models.label_prior import PRIOR_INPUT
 from gmeta_tf.models.tower import PRIOR_SCALE
+from gmeta_tf.training.references import FeatureMean
 from tests.meta import tiny
 
 DIM = 4
+
+
+def _fit(prior: LabelPrior, values, labels, damping: float) -> None:
+    """As ``training.prior_fit`` fits it: the item-mean reference's damped means."""
+    mean = FeatureMean(values, labels, damping)
+    prior.set_means(mean.keys, mean(mean.keys), mean.global_mean, damping)
 
 
 def test_fit_gives_each_value_its_damped_mean_against_the_global_mean():
@@ -19,7 +26,7 @@ def test_fit_gives_each_value_its_damped_mean_against_the_global_mean():
     labels = np.array([5.0, 4.0, 3.0, 1.0, 2.0, 3.0])
     prior = LabelPrior("item_id", "rating")
     assert not prior.fitted
-    prior.fit(values, labels, damping=2.0)
+    _fit(prior, values, labels, damping=2.0)
     g = labels.mean()
     want = {7: (12 + 2 * g) / 5 - g, 3: (1 + 2 * g) / 3 - g, 9: (5 + 2 * g) / 4 - g}
     out = prior(tf.constant([[9, 3, 42], [7, -1, 7]], tf.int64)).numpy()
@@ -31,7 +38,7 @@ def test_fit_gives_each_value_its_damped_mean_against_the_global_mean():
 
 def test_a_binary_prior_is_the_damped_rate_as_a_logit_against_the_global_rate():
     prior = LabelPrior("site", "binary")
-    prior.fit(np.array([1, 1, 1, 1, 2, 2]), np.array([1, 1, 1, 0, 0, 0.0]), damping=1.0)
+    _fit(prior, np.array([1, 1, 1, 1, 2, 2]), np.array([1, 1, 1, 0, 0, 0.0]), damping=1.0)
     g = 0.5
     logit = lambda p: np.log(p / (1 - p))  # noqa: E731
     np.testing.assert_allclose(prior(tf.constant([1, 2, 3])).numpy(),
@@ -47,7 +54,7 @@ def test_an_unfitted_prior_is_zero_and_bad_priors_are_refused():
     with pytest.raises(ValueError, match="non-finite"):
         prior.assign(np.array([1, 2]), np.array([0.1, np.nan]), 1.0)
     with pytest.raises(ValueError, match="no training rows"):
-        prior.fit(np.zeros(0), np.zeros(0), 1.0)
+        _fit(prior, np.zeros(0), np.zeros(0), 1.0)
     with pytest.raises(ValueError, match="kind"):
         LabelPrior("item_id", "ranking")
 
