@@ -1,10 +1,12 @@
 """Fits a pipeline's label prior (``model.prior``) on its training split before step 0.
 
-Every rank reads the whole training split (the prior's feature and the label only) and
-fits the same prior, so no collective is needed and every rank's copy is equal. The
-damping, unless configured, is the one of ``references.DAMPINGS`` whose prior alone (the
-global mean plus it) has the lowest loss on the validation split's query rows (its rows,
-for a plain CTR model): the choice the item-mean reference makes.
+Each rank reads its own shard of the training split (the prior's feature and the label
+only) and sums the label and counts the rows of each value it holds; the ranks' sums and
+counts are gathered (one allgather each, of the distinct values a rank holds, not of its
+rows) and every rank merges them into the same prior. The damping, unless configured, is
+the one of ``references.DAMPINGS`` whose prior alone (the global mean plus it) has the
+lowest loss on the validation split's query rows (its rows, for a plain CTR model): the
+choice the item-mean reference makes, from each rank's loss on its own shard, summed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import numpy as np
 
 from gmeta_tf import data as meta_io
+from gmeta_tf import distributed
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.models.label_prior import LabelPrior
 from gmeta_tf.training.references import DAMPINGS, FeatureMean, loss_of, query_rows, rows_of
@@ -22,49 +25,73 @@ log = logging.getLogger(__name__)
 _ROWS_PER_READ = 4096
 
 
-def _split_rows(config: PipelineConfig, split: str, names: list[str],
+def _shard_rows(config: PipelineConfig, split: str, names: list[str],
                 query_only: bool) -> dict[str, np.ndarray]:
+    """This rank's shard of a split: its rows, or with ``query_only`` its tasks' fixed
+    query rows (as validation scores them). Every task of the shard, none dropped to
+    equal the ranks' batch counts."""
     d = config.data
-    dataset = meta_io.TaskDataset(d.path, split, rank=0, size=1, reader=d.reader,
-                                  features=names, verify="size")
-    if query_only:  # the protocol's fixed query rows, as validation scores them
-        return query_rows(dataset.tasks(config.eval.tasks_per_batch, None, None), names)
+    dataset = meta_io.TaskDataset(d.path, split, reader=d.reader, features=names,
+                                  verify="size")
+    if query_only:
+        return query_rows(dataset.tasks(config.eval.tasks_per_batch, None, None,
+                                        equal_steps=False), names)
     return rows_of(dataset.rows(_ROWS_PER_READ), names)
 
 
+def _gathered_mean(values: np.ndarray, labels: np.ndarray) -> FeatureMean:
+    """The mean label per value over every rank's rows, equal on every rank."""
+    shard = FeatureMean(np.asarray(values).astype(np.int64), labels)
+    return FeatureMean.from_sums(distributed.allgather(shard.keys.astype(np.int64)),
+                                 distributed.allgather(shard.sums),
+                                 distributed.allgather(shard.counts))
+
+
+def _validation_losses(kind: str, mean: FeatureMean, valid: dict[str, np.ndarray],
+                       feature: str, label: str) -> tuple[dict[float, float], int]:
+    """Each damping's loss on every rank's validation rows (the mean over all of them),
+    and how many rows that is."""
+    labels, values = valid[label], valid[feature]
+    n = len(labels)
+    sums = [loss_of(kind, labels, mean.with_damping(d)(values)) * n if n else 0.0
+            for d in DAMPINGS]
+    *sums, total = distributed.sum_over_ranks(np.array(sums + [n], np.float64))
+    return ({d: float(s / total) for d, s in zip(DAMPINGS, sums)} if total else {},
+            int(total))
+
+
 def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
-    """Fits ``prior`` on the training split; returns the validation loss of each damping
-    tried (empty when ``model.prior.damping`` is set).
+    """Fits ``prior`` on the training split (on every rank at once, each reading its
+    shard); returns the validation loss of each damping tried (empty when
+    ``model.prior.damping`` is set).
 
     Raises:
         ConfigError: No damping is configured and the validation split has no rows.
     """
     label, feature = config.model.head.label, prior.feature
     names = [feature, label]
-    train = _split_rows(config, "warm", names, query_only=False)
-    values, labels = train[feature], np.asarray(train[label], np.float64)
-    mean = FeatureMean(values, labels)  # each value's sums and counts, once
+    train = _shard_rows(config, "warm", names, query_only=False)
+    mean = _gathered_mean(train[feature], np.asarray(train[label], np.float64))
     damping = config.model.prior.damping
     losses: dict[float, float] = {}
     if damping is None:
         split = config.train.validation_split
         try:
-            valid = _split_rows(config, split, names, query_only=config.meta.enabled)
+            valid = _shard_rows(config, split, names, query_only=config.meta.enabled)
         except meta_io.DataError as err:
             raise ConfigError(f"config key 'model.prior.damping' = None is not allowed without "
                               f"a validation split to choose it on ({err}): set a damping, "
                               f"e.g. 10") from err
-        if not len(valid[label]):
+        losses, rows = _validation_losses(prior.kind, mean, valid, feature, label)
+        if not rows:
             raise ConfigError(f"config key 'model.prior.damping' = None is not allowed: the "
                               f"validation split {split!r} has no rows to choose it on; set "
                               f"a damping, e.g. 10")
-        for d in DAMPINGS:
-            losses[d] = loss_of(prior.kind, valid[label], mean.with_damping(d)(valid[feature]))
         damping = min(losses, key=losses.get)
     chosen = mean.with_damping(damping)
     prior.set_means(chosen.keys, chosen(chosen.keys), chosen.global_mean, damping)
     log.info("label prior of %r: %d values from %d training rows (global mean %.4g, "
-             "output %s), damping %g%s", feature, len(chosen.keys), len(labels),
+             "output %s), damping %g%s", feature, len(chosen.keys), int(mean.counts.sum()),
              chosen.global_mean, "logit" if prior.kind == "binary" else "rating", damping,
              f" (validation loss per damping: {losses})" if losses else "")
     return losses

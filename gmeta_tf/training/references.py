@@ -84,6 +84,21 @@ class FeatureMean:
         self.counts = np.bincount(inverse, minlength=len(self.keys)).astype(np.float64)
         self.damping = damping
 
+    @classmethod
+    def from_sums(cls, keys: np.ndarray, sums: np.ndarray, counts: np.ndarray,
+                  damping: float = 0.0) -> "FeatureMean":
+        """The mean of rows summarised in parts (one per rank, say): the parts' ``keys``,
+        ``sums`` and ``counts`` concatenated, a key in several parts counted in each."""
+        out = object.__new__(cls)
+        counts = np.asarray(counts, np.float64)
+        total = float(counts.sum())
+        out.global_mean = float(np.sum(sums)) / total if total else 0.0
+        out.keys, inverse = np.unique(keys, return_inverse=True)
+        out.sums = np.bincount(inverse, weights=sums, minlength=len(out.keys))
+        out.counts = np.bincount(inverse, weights=counts, minlength=len(out.keys))
+        out.damping = damping
+        return out
+
     def with_damping(self, damping: float) -> "FeatureMean":
         other = object.__new__(FeatureMean)
         other.__dict__.update(self.__dict__, damping=damping)

@@ -16,6 +16,7 @@ from gmeta_tf.meta import metrics
 from gmeta_tf.training import Trainer
 from gmeta_tf.training.cold_start import restore_models
 from gmeta_tf.training.references import DAMPINGS
+from tests.multiprocess import load_ranks, run_ranks
 from tests.product.conftest import tiny_overrides
 
 
@@ -94,3 +95,23 @@ def test_a_prior_on_a_multi_hot_feature_is_refused(tiny_data, tmp_path):
         "model.prior.feature=genres"])
     with pytest.raises(ConfigError, match="model.prior.feature.*single-valued sparse"):
         Trainer(config, fresh=True).run()
+
+
+@pytest.mark.horovod
+def test_ranks_fit_the_prior_of_the_whole_split_from_their_shards(tiny_data, tmp_path):
+    """Under horovodrun -np 2 each rank reads its shard; the gathered prior is the whole
+    split's on both ranks, damping choice included."""
+    out = tmp_path / "out"
+    out.mkdir()
+    run_ranks("tests.product.prior_worker", str(tmp_path / "run"), str(tiny_data), str(out))
+    keys, values, damping = _expected_prior(tiny_data)
+    shards = [meta_io.TaskDataset(str(tiny_data), "warm", rank=r, size=2).num_rows
+              for r in range(2)]
+    assert all(0 < n < sum(shards) for n in shards)  # each rank holds part of the split
+    ranks = load_ranks(out, 2)
+    for fitted in ranks:
+        assert float(fitted["damping"]) == damping
+        np.testing.assert_array_equal(fitted["ids"], keys)
+        np.testing.assert_allclose(fitted["values"][:-1], values, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(ranks[0]["values"], ranks[1]["values"])
+    np.testing.assert_array_equal(ranks[0]["losses"], ranks[1]["losses"])

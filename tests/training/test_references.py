@@ -29,6 +29,23 @@ def test_feature_mean_is_damped_towards_the_global_mean():
     np.testing.assert_allclose(mean.with_damping(0.0)(np.array([1, 2])), [4.0, 1.0])
 
 
+def test_feature_mean_from_parts_equals_the_mean_of_all_rows():
+    """What ranks gather: each part's keys, sums and counts (a key in several parts, a
+    part with no rows) merge into the mean of every row."""
+    rng = np.random.default_rng(0)
+    values, labels = rng.integers(0, 20, 300), rng.normal(3.0, 1.0, 300)
+    parts = [FeatureMean(values[a:b], labels[a:b]) for a, b in ((0, 120), (120, 120),
+                                                                  (120, 300))]
+    merged = FeatureMean.from_sums(np.concatenate([p.keys for p in parts]),
+                                   np.concatenate([p.sums for p in parts]),
+                                   np.concatenate([p.counts for p in parts]), damping=3.0)
+    whole = FeatureMean(values, labels, damping=3.0)
+    np.testing.assert_array_equal(merged.keys, whole.keys)
+    np.testing.assert_allclose(merged.global_mean, whole.global_mean)
+    probe = np.arange(-1, 22)
+    np.testing.assert_allclose(merged(probe), whole(probe))
+
+
 def test_item_mean_plus_task_offset_adds_each_tasks_support_residual():
     # Items 1 and 2 have means 4 and 2 in training; task 0 rates 1 point above them, task 1
     # 1 point below, so the offset model predicts its query ratings exactly (no damping).
@@ -76,7 +93,8 @@ def test_logistic_regression_learns_a_linear_rule_and_stops_on_validation():
     assert metrics.auc(valid["y"], p) > 0.85
     assert 1 <= chosen["epochs"] <= 10 and chosen["l2"] > 0
     # Better than the label rate: it learned the rule, not the prior.
-    assert metrics.log_loss(valid["y"], p) < metrics.log_loss(valid["y"], np.full(1000, y.mean())) - 0.1
+    rate = np.full(1000, y.mean())
+    assert metrics.log_loss(valid["y"], p) < metrics.log_loss(valid["y"], rate) - 0.1
 
 
 @pytest.mark.parametrize("kind", ["rating", "binary"])
