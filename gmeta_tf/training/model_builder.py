@@ -17,6 +17,7 @@ from gmeta_tf.embedding.id_salt import feature_salt
 from gmeta_tf.meta import MetaModel
 from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, Head, LabelPrior, MeLUTower,
                              RatingHead)
+from gmeta_tf.models.label_prior import PRIOR_INPUT
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.devices import Placement
 
@@ -76,6 +77,10 @@ def _check_features(model: ModelConfig, schema: meta_io.Schema) -> None:
         raise ConfigError(f"config key 'model.prior.feature' = {prior.feature!r} is not allowed: "
                           f"expected a single-valued sparse feature of the dataset, one of "
                           f"{_of_kind(schema, 'sparse')}")
+    if prior is not None and PRIOR_INPUT in model.dense_features:
+        raise ConfigError(f"config key 'model.dense_features.{PRIOR_INPUT}' is not allowed with "
+                          f"'model.prior': the towers read the prior under that name; rename "
+                          f"the column when converting the data")
     labels = _of_kind(schema, "label")
     if model.head.label not in labels:
         raise ConfigError(f"config key 'model.head.label' = {model.head.label!r} is not "

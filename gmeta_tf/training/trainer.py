@@ -715,9 +715,12 @@ class Trainer:
             previous = json.loads(Path(self.config.run_dir, SUMMARY_FILE).read_text())
         except (OSError, ValueError):
             return loss, baseline
-        found = previous.get("final_loss")
-        return (float(found) if isinstance(found, (int, float)) else loss,
-                previous.get("baseline_loss", baseline))
+        if not isinstance(previous, dict):
+            return loss, baseline
+        found, found_baseline = previous.get("final_loss"), previous.get("baseline_loss")
+        number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+        return (float(found) if number(found) else loss,
+                float(found_baseline) if number(found_baseline) else baseline)
 
 
 _CACHE_COUNTERS = ("hits", "lookups", "size", "capacity", "admitted", "evicted")

@@ -11,10 +11,13 @@ import pytest
 
 from gmeta_tf import checkpoint
 from gmeta_tf import data as meta_io
-from gmeta_tf.config import ConfigError, load_config
+from gmeta_tf.config import ConfigError, from_dict, load_config
+from gmeta_tf.data.schema import Feature, FeatureKind, Schema
 from gmeta_tf.meta import metrics
+from gmeta_tf.models.label_prior import PRIOR_INPUT
 from gmeta_tf.training import Trainer
 from gmeta_tf.training.cold_start import restore_models
+from gmeta_tf.training.model_builder import _check_features
 from gmeta_tf.training.references import DAMPINGS
 from tests.multiprocess import load_ranks, run_ranks
 from tests.product.conftest import tiny_overrides
@@ -115,3 +118,17 @@ def test_ranks_fit_the_prior_of_the_whole_split_from_their_shards(tiny_data, tmp
         np.testing.assert_allclose(fitted["values"][:-1], values, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(ranks[0]["values"], ranks[1]["values"])
     np.testing.assert_array_equal(ranks[0]["losses"], ranks[1]["losses"])
+
+
+def test_a_prior_beside_a_dense_feature_of_its_input_name_is_refused():
+    """The towers read the prior as the input ``label_prior``: a dense feature of that
+    name would be read in its place."""
+    schema = Schema([Feature("item_id", FeatureKind.SPARSE),
+                     Feature(PRIOR_INPUT, FeatureKind.DENSE, dim=1),
+                     Feature("label", FeatureKind.LABEL)])
+    raw = {"model": {"tower": "dlrm", "tables": {"items": {"features": ["item_id"]}},
+                     "dense_features": {PRIOR_INPUT: 1}}}
+    _check_features(from_dict(raw).model, schema)  # without a prior it is a dense feature
+    raw["model"]["prior"] = {"feature": "item_id"}
+    with pytest.raises(ConfigError, match=f"model.dense_features.{PRIOR_INPUT}"):
+        _check_features(from_dict(raw).model, schema)

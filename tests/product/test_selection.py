@@ -15,6 +15,7 @@ from gmeta_tf import checkpoint
 from gmeta_tf.config import load_config
 from gmeta_tf.training import Trainer
 from gmeta_tf.training.cold_start import evaluate_pipeline, restore_models
+from gmeta_tf.training.trainer import SUMMARY_FILE
 from gmeta_tf.training.selection import Selection, validation_protocol
 from tests.product.conftest import tiny_overrides
 
@@ -591,3 +592,16 @@ def test_gmeta_tune_scores_the_baseline_when_the_meta_model_diverges_at_once(
     assert first["best_steps"]["baseline"] in (4, 8)
     assert not Path(tmp_path, "tune", "trial-0", "checkpoints.initial").exists()
     assert set(trials[1]["values"]) == {"model", "baseline"}
+
+
+@pytest.mark.parametrize("summary, expected", [
+    ({"final_loss": 0.25, "baseline_loss": 0.5}, (0.25, 0.5)),
+    ({"final_loss": "0.25", "baseline_loss": None}, (1.0, 2.0)),   # not numbers: ignored
+    ({"final_loss": True, "baseline_loss": [0.5]}, (1.0, 2.0)),
+    ([0.25, 0.5], (1.0, 2.0)),                                      # not a summary at all
+])
+def test_a_resume_with_nothing_to_train_reads_only_numbers_from_the_previous_summary(
+        tmp_path, summary, expected):
+    config = load_config("default", [f"run_dir={tmp_path}"])
+    Path(tmp_path, SUMMARY_FILE).write_text(json.dumps(summary))
+    assert Trainer(config)._previous_losses(1.0, 2.0) == expected
