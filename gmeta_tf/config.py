@@ -140,10 +140,14 @@ class PriorSection:
     single-valued sparse feature the tower reads, e.g. the item id) adds its damped mean
     label on the training split to the raw output, fixed, for every model of the pipeline.
     ``damping`` None chooses it on the validation split (the value whose prior alone
-    scores the validation query rows best)."""
+    scores the validation query rows best). With ``folds`` K > 1 a training row reads the
+    prior fitted without the tasks of its fold (``task_id mod K``), so it never counts its
+    own label, as a new task's rows are never counted (1: every row reads the prior of
+    all training rows, its own label included)."""
 
     feature: str = ""
     damping: float | None = field(None, min=0.0)
+    folds: int = field(5, min=1)
 
 
 @dataclasses.dataclass(frozen=True)

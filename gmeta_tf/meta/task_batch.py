@@ -10,6 +10,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 import tensorflow as tf
 
+from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.models.tower import Tower
 
@@ -128,9 +129,12 @@ def role_batches(embedding: tf.keras.layers.Layer, tower: Tower, label: str,
     num_pairs = {}
     for name in adapted_embeddings:
         pairs[0][name], pairs[1][name], num_pairs[name] = task_id_pairs(support[name], query[name])
+    # Training tasks' rows read out-of-fold priors; evaluation tasks' the whole one.
+    tasks = (tf.convert_to_tensor(batch[TASK_COLUMN])[:, None]
+             if training and tower.out_of_fold else None)
     out = []
     for i, role_batch in enumerate((support, query)):
-        inputs = {**emb[i], **tower.raw_inputs(role_batch)}
+        inputs = {**emb[i], **tower.raw_inputs(role_batch, tasks)}
         out.append(RoleBatch(inputs, tf.cast(role_batch[label], tf.float32),
                              tf.cast(role_batch["mask"], tf.float32), pairs[i]))
     return out[0], out[1], num_pairs
@@ -145,5 +149,11 @@ def task_rows(batch: Mapping[str, Mapping[str, tf.Tensor]]) -> dict:
     support, query = batch["support"], batch["query"]
     rows = {role: _real_rows(batch[role]["mask"]) for role in ROLES}
     names = [k for k in support if k != "mask"]
-    return {n: tf.concat([tf.gather(_flat_rows(support[n]), rows["support"]),
-                          tf.gather(_flat_rows(query[n]), rows["query"])], axis=0) for n in names}
+    out = {n: tf.concat([tf.gather(_flat_rows(support[n]), rows["support"]),
+                         tf.gather(_flat_rows(query[n]), rows["query"])], axis=0) for n in names}
+    if TASK_COLUMN in batch:  # each row's task, as plain row batches carry it
+        tasks = tf.convert_to_tensor(batch[TASK_COLUMN])
+        out[TASK_COLUMN] = tf.concat(
+            [tf.gather(tf.repeat(tasks, tf.shape(batch[role]["mask"])[1]), rows[role])
+             for role in ROLES], axis=0)
+    return out

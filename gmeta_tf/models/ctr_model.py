@@ -7,6 +7,7 @@ from typing import Mapping
 import tensorflow as tf
 
 from gmeta_tf import distributed
+from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
@@ -40,10 +41,12 @@ class CTRModel(tf.keras.Model):
         self.tower.build(None)
 
     def tower_inputs(self, features: Mapping[str, tf.Tensor], training: bool) -> dict:
-        """Embedded sparse features plus the raw dense features, as the tower reads them."""
+        """Embedded sparse features plus the raw dense features, as the tower reads them
+        (training rows, which carry their ``task_id``, read out-of-fold priors)."""
         emb = self.embedding(embedding_inputs(features, self.tower.sparse_features),
                              training=training)
-        return {**emb, **self.tower.raw_inputs(features)}
+        tasks = features[TASK_COLUMN] if training and self.tower.out_of_fold else None
+        return {**emb, **self.tower.raw_inputs(features, tasks)}
 
     def call(self, features: Mapping[str, tf.Tensor], training: bool = False) -> tf.Tensor:
         return self.head.predict(self.tower(self.tower_inputs(features, training)))

@@ -10,15 +10,25 @@ knowledge; with a prior the towers start from it too and learn the rest:
 
 over the training split's rows, ``g`` the head's link (identity for ratings, logit for
 clicks), ``d`` the damping (chosen on the validation split unless configured). Unknown
-values get 0 (the global mean). The prior is fitted once before the first step and never
-trained: adapting a task's weights (the meta model's inner loop, the baseline's
-fine-tuning) leaves it as it is, as the bias model keeps its item means; the adapted
-output bias is then the task's offset and the adapted ``scale`` (a tower weight,
-``Tower.PRIOR_SCALE``, starting at 1) how far the task follows the items' means.
+values get 0 (the global mean).
 
-The table is two variables (the values' ids, sorted, and their priors plus a last 0 for
-unknown ids) read with stock ops (``lookup_sorted``), so it lives in checkpoints and in the
-exported SavedModel as the dense weights do.
+A training row must not see its own label through its prior: on a value with few rows
+the prior would all but give the label away (target leakage), the towers would learn to
+trust the prior more than it deserves on new tasks, and a new task's rows never count in
+it. So with ``folds`` K > 1 the training tasks are cut into K folds by task id
+(``task_id mod K``) and a training row reads the prior fitted without its fold's tasks
+(out-of-fold target statistics, as a new task sees one fitted without it); every other
+row (validation, evaluation, serving) reads the prior of all training rows.
+
+The prior is fitted once before the first step and never trained: adapting a task's
+weights (the meta model's inner loop, the baseline's fine-tuning) leaves it as it is, as
+the bias model keeps its item means; the adapted output bias is then the task's offset
+and the adapted ``scale`` (a tower weight, ``Tower.PRIOR_SCALE``, starting at 1) how far
+the task follows the items' means.
+
+The table is variables (the values' ids, sorted; their priors plus a last 0 for unknown
+ids; with folds, the out-of-fold priors) read with stock ops (``lookup_sorted``), so it
+lives in checkpoints and in the exported SavedModel as the dense weights do.
 """
 
 from __future__ import annotations
@@ -31,15 +41,21 @@ PRIOR_INPUT = "label_prior"
 _EPS = 1e-3
 
 
-def lookup_sorted(keys: tf.Tensor, rows: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
-    """Rows of an id vector from sorted ``keys [n]`` and ``rows [n + 1, ...]`` whose last
-    row is the default (what unknown ids get): ``tf.searchsorted``, a match, a gather."""
+def sorted_positions(keys: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """Each id's position in sorted ``keys [n]``, ``n`` for an unknown id (an id vector):
+    ``tf.searchsorted`` and a match."""
     n = tf.size(keys, out_type=tf.int64)
     ids = tf.cast(ids, tf.int64)
     position = tf.searchsorted(keys, ids, side="left", out_type=tf.int64)
     padded = tf.concat([keys, tf.zeros([1], tf.int64)], 0)  # position n is valid
     found = (position < n) & tf.equal(tf.gather(padded, position), ids)
-    return tf.gather(rows, tf.where(found, position, n))
+    return tf.where(found, position, n)
+
+
+def lookup_sorted(keys: tf.Tensor, rows: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """Rows of an id vector from sorted ``keys [n]`` and ``rows [n + 1, ...]`` whose last
+    row is the default (what unknown ids get)."""
+    return tf.gather(rows, sorted_positions(keys, ids))
 
 
 def link(kind: str, mean: np.ndarray) -> np.ndarray:
@@ -57,6 +73,8 @@ class LabelPrior(tf.Module):
     Args:
         feature: The feature whose values get a prior (an item id).
         kind: The head's kind, "binary" or "rating".
+        folds: K, the folds of training tasks whose rows read out-of-fold priors (1: every
+            row reads the prior of all training rows, its own label included).
 
     Example::
 
@@ -65,47 +83,79 @@ class LabelPrior(tf.Module):
         prior(tf.constant([[3, 8]]))      # [[0.4, 0.0]]
     """
 
-    def __init__(self, feature: str, kind: str, name: str = "label_prior"):
+    def __init__(self, feature: str, kind: str, folds: int = 1, name: str = "label_prior"):
         super().__init__(name=name)
         if kind not in ("binary", "rating"):
             raise ValueError(f"LabelPrior: kind={kind!r}, expected 'binary' or 'rating'")
-        self.feature, self.kind = feature, kind
+        if not isinstance(folds, int) or isinstance(folds, bool) or folds < 1:
+            raise ValueError(f"LabelPrior: folds={folds!r}, expected an int >= 1")
+        self.feature, self.kind, self.folds = feature, kind, folds
         with self.name_scope:
             self.ids = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]),
                                    trainable=False, name="ids")
             self.values = tf.Variable(tf.zeros([1]), shape=tf.TensorShape([None]),
                                       trainable=False, name="values")
+            # [folds, n + 1]: the prior of each id fitted without fold k's tasks (folds > 1).
+            self.fold_values = tf.Variable(tf.zeros([0, 1]), shape=tf.TensorShape([None, None]),
+                                           trainable=False, name="fold_values")
             # The damping it was fitted with; -1 before it is fitted.
             self.damping = tf.Variable(-1.0, trainable=False, name="damping")
 
     @property
     def fitted(self) -> bool:
-        return float(self.damping.numpy()) >= 0.0
+        """Fitted, out-of-fold priors included (a checkpoint from before them is not)."""
+        return (float(self.damping.numpy()) >= 0.0
+                and (self.folds == 1 or int(tf.shape(self.fold_values)[0]) == self.folds))
 
-    def assign(self, ids: np.ndarray, priors: np.ndarray, damping: float) -> None:
-        """Sets the prior of each id (any order; ids must be distinct)."""
+    def assign(self, ids: np.ndarray, priors: np.ndarray, damping: float,
+               fold_priors: np.ndarray | None = None) -> None:
+        """Sets the prior of each id (any order; ids must be distinct) and, with folds,
+        ``fold_priors [folds, n]``: each id's prior fitted without fold k's tasks."""
         ids = np.asarray(ids, np.int64)
         order = np.argsort(ids, kind="stable")
         ids, priors = ids[order], np.asarray(priors, np.float32)[order]
         if len(ids) > 1 and np.any(ids[1:] == ids[:-1]):
             raise ValueError(f"LabelPrior({self.feature!r}): duplicate ids")
-        if not np.all(np.isfinite(priors)):
+        folded = np.zeros((0, 1), np.float32)
+        if self.folds > 1:
+            shape = None if fold_priors is None else np.shape(fold_priors)
+            if shape != (self.folds, len(ids)):
+                raise ValueError(f"LabelPrior({self.feature!r}): fold_priors of shape {shape}, "
+                                 f"expected ({self.folds}, {len(ids)}), a prior per fold and id")
+            folded = np.asarray(fold_priors, np.float32)[:, order]
+            folded = np.concatenate([folded, np.zeros((self.folds, 1), np.float32)], axis=1)
+        if not (np.all(np.isfinite(priors)) and np.all(np.isfinite(folded))):
             raise ValueError(f"LabelPrior({self.feature!r}): non-finite priors")
         self.ids.assign(ids)
         self.values.assign(np.concatenate([priors, np.zeros(1, np.float32)]))
+        self.fold_values.assign(folded)
         self.damping.assign(float(damping))
 
     def set_means(self, ids: np.ndarray, means: np.ndarray, global_mean: float,
-                  damping: float) -> None:
-        """Sets each id's prior from its (damped) mean label on the training rows and the
-        global mean, in the head's output space (``training.prior_fit`` computes them as
-        the item-mean reference does, ``references.FeatureMean``)."""
+                  damping: float, fold_means: np.ndarray | None = None) -> None:
+        """Sets each id's prior from its (damped) mean label on the training rows (and,
+        with folds, ``fold_means [folds, n]``: on the rows of the other folds' tasks) and
+        the global mean, in the head's output space (``training.prior_fit`` computes them
+        as the item-mean reference does, ``references.FeatureMean``)."""
         if not len(ids):
             raise ValueError(f"LabelPrior({self.feature!r}): no training rows to fit on")
-        self.assign(ids, link(self.kind, means) - link(self.kind, global_mean), damping)
+        g = link(self.kind, global_mean)
+        self.assign(ids, link(self.kind, means) - g, damping,
+                    None if fold_means is None else link(self.kind, fold_means) - g)
 
-    def __call__(self, ids: tf.Tensor) -> tf.Tensor:
-        """The prior of every id, same shape as ``ids``."""
+    def fold_of(self, task_ids: tf.Tensor) -> tf.Tensor:
+        """The fold of each training task: ``task_id mod folds``."""
+        return tf.math.floormod(tf.cast(task_ids, tf.int64), self.folds)
+
+    def __call__(self, ids: tf.Tensor, task_ids: tf.Tensor | None = None) -> tf.Tensor:
+        """The prior of every id, same shape as ``ids``. ``task_ids`` (training rows only:
+        their tasks', broadcastable to ``ids``) reads each row's out-of-fold prior."""
         ids = tf.convert_to_tensor(ids)
-        flat = lookup_sorted(self.ids, self.values, tf.reshape(ids, [-1]))
+        flat_ids = tf.reshape(ids, [-1])
+        if task_ids is None or self.folds == 1:
+            flat = lookup_sorted(self.ids, self.values, flat_ids)
+        else:
+            folds = tf.reshape(self.fold_of(tf.broadcast_to(task_ids, tf.shape(ids))), [-1])
+            at = tf.stack([folds, sorted_positions(self.ids, flat_ids)], axis=1)
+            flat = tf.gather_nd(self.fold_values, at)
         return tf.reshape(flat, tf.shape(ids))

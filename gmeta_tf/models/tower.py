@@ -117,12 +117,21 @@ class Tower(tf.keras.layers.Layer):
             terms.append(prior)
         return tf.add_n(terms) if terms else None
 
-    def raw_inputs(self, features: Mapping[str, tf.Tensor]) -> dict:
+    @property
+    def out_of_fold(self) -> bool:
+        """Whether training rows read out-of-fold priors (``raw_inputs`` needs their
+        tasks)."""
+        return self.prior is not None and self.prior.folds > 1
+
+    def raw_inputs(self, features: Mapping[str, tf.Tensor],
+                   training_tasks: tf.Tensor | None = None) -> dict:
         """What the tower reads besides the embedded rows, from a batch's raw features
-        (``[...]`` ids and values): its dense features, and the rows' prior."""
+        (``[...]`` ids and values): its dense features, and the rows' prior.
+        ``training_tasks``: for training rows, their task ids (broadcastable to the
+        features' ``[...]``), so that each reads its out-of-fold prior (``LabelPrior``)."""
         out = {n: features[n] for n in self.dense_features}
         if self.prior is not None:
-            out[PRIOR_INPUT] = self.prior(features[self.prior.feature])
+            out[PRIOR_INPUT] = self.prior(features[self.prior.feature], training_tasks)
         return out
 
     def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:

@@ -169,7 +169,7 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
                               if with_baseline else None)
     with tf.device(placement.dense):
         # One label prior, read by both towers.
-        prior = (LabelPrior(config.model.prior.feature, head.kind)
+        prior = (LabelPrior(config.model.prior.feature, head.kind, config.model.prior.folds)
                  if config.model.prior is not None else None)
         tower = make_tower(config.model, "tower", prior)
         try:

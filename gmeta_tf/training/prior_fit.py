@@ -1,9 +1,11 @@
 """Fits a pipeline's label prior (``model.prior``) on its training split before step 0.
 
-Each rank reads its own shard of the training split (the prior's feature and the label
-only) and sums the label and counts the rows of each value it holds; the ranks' sums and
-counts are gathered (one allgather each, of the distinct values a rank holds, not of its
-rows) and every rank merges them into the same prior. The damping, unless configured, is
+Each rank reads its own shard of the training split (the prior's feature, the label and
+the task id only) and sums the label and counts the rows of each value, per fold of
+tasks, it holds; the ranks' sums and counts are gathered (one allgather each, of the
+distinct (fold, value) pairs a rank holds, not of its rows) and every rank merges them
+into the same prior: the whole split's, and each fold's out-of-fold one (the sums of the
+other folds). The damping, unless configured, is
 the one of ``references.DAMPINGS`` whose prior alone (the global mean plus it) has the
 lowest loss on the validation split's query rows (its rows, for a plain CTR model): the
 choice the item-mean reference makes, from each rank's loss on its own shard, summed.
@@ -18,6 +20,7 @@ import numpy as np
 from gmeta_tf import data as meta_io
 from gmeta_tf import distributed
 from gmeta_tf.config import ConfigError, PipelineConfig
+from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.label_prior import LabelPrior
 from gmeta_tf.training.references import DAMPINGS, FeatureMean, loss_of, query_rows, rows_of
 
@@ -36,15 +39,29 @@ def _shard_rows(config: PipelineConfig, split: str, names: list[str],
     if query_only:
         return query_rows(dataset.tasks(config.eval.tasks_per_batch, None, None,
                                         equal_steps=False), names)
-    return rows_of(dataset.rows(_ROWS_PER_READ), names)
+    return rows_of(dataset.rows(_ROWS_PER_READ), names + [TASK_COLUMN])
 
 
-def _gathered_mean(values: np.ndarray, labels: np.ndarray) -> FeatureMean:
-    """The mean label per value over every rank's rows, equal on every rank."""
-    shard = FeatureMean(np.asarray(values).astype(np.int64), labels)
-    return FeatureMean.from_sums(distributed.allgather(shard.keys.astype(np.int64)),
-                                 distributed.allgather(shard.sums),
-                                 distributed.allgather(shard.counts))
+def _gathered_means(values: np.ndarray, labels: np.ndarray, tasks: np.ndarray,
+                    folds: int) -> tuple[FeatureMean, list[FeatureMean]]:
+    """The mean label per value over every rank's rows and, with ``folds`` > 1, for each
+    fold k the mean over the rows of the other folds' tasks (damped towards the same
+    global mean), equal on every rank."""
+    values, fold = np.asarray(values).astype(np.int64), np.mod(tasks.astype(np.int64), folds)
+    parts = [(k, FeatureMean(values[fold == k], labels[fold == k])) for k in range(folds)]
+    keys, sums, counts, of_fold = (
+        distributed.allgather(np.concatenate(a)) for a in (
+            [m.keys.astype(np.int64) for _, m in parts], [m.sums for _, m in parts],
+            [m.counts for _, m in parts],
+            [np.full(len(m.keys), k, np.int64) for k, m in parts]))
+    whole = FeatureMean.from_sums(keys, sums, counts)
+    out_of_fold = []
+    for k in range(folds if folds > 1 else 0):
+        rest = of_fold != k
+        mean = FeatureMean.from_sums(keys[rest], sums[rest], counts[rest])
+        mean.global_mean = whole.global_mean
+        out_of_fold.append(mean)
+    return whole, out_of_fold
 
 
 def _validation_losses(kind: str, mean: FeatureMean, valid: dict[str, np.ndarray],
@@ -71,7 +88,8 @@ def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
     label, feature = config.model.head.label, prior.feature
     names = [feature, label]
     train = _shard_rows(config, "warm", names, query_only=False)
-    mean = _gathered_mean(train[feature], np.asarray(train[label], np.float64))
+    mean, out_of_fold = _gathered_means(train[feature], np.asarray(train[label], np.float64),
+                                        train[TASK_COLUMN], prior.folds)
     damping = config.model.prior.damping
     losses: dict[float, float] = {}
     if damping is None:
@@ -89,9 +107,14 @@ def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
                               f"a damping, e.g. 10")
         damping = min(losses, key=losses.get)
     chosen = mean.with_damping(damping)
-    prior.set_means(chosen.keys, chosen(chosen.keys), chosen.global_mean, damping)
+    keys = chosen.keys
+    fold_means = (np.stack([m.with_damping(damping)(keys) for m in out_of_fold])
+                  if out_of_fold else None)
+    prior.set_means(keys, chosen(keys), chosen.global_mean, damping, fold_means)
     log.info("label prior of %r: %d values from %d training rows (global mean %.4g, "
-             "output %s), damping %g%s", feature, len(chosen.keys), int(mean.counts.sum()),
+             "output %s), damping %g, %s%s", feature, len(keys), int(mean.counts.sum()),
              chosen.global_mean, "logit" if prior.kind == "binary" else "rating", damping,
+             f"training rows read it out of {prior.folds} folds of tasks"
+             if out_of_fold else "training rows read it with their own labels",
              f" (validation loss per damping: {losses})" if losses else "")
     return losses

@@ -57,6 +57,7 @@ import tensorflow as tf
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config, tuned_world_size
+from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.training.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.models.embedding_inputs import embedding_inputs
@@ -292,7 +293,8 @@ class Trainer:
         names = [f.name for f in embedding.feature_configs]
 
         def loss_fn(embedded, rows):  # CTRModel._loss on pulled rows
-            outputs = tower({**embedded, **tower.raw_inputs(rows)})
+            tasks = rows[TASK_COLUMN] if tower.out_of_fold else None
+            outputs = tower({**embedded, **tower.raw_inputs(rows, tasks)})
             labels = tf.cast(rows[head.label], tf.float32)
             return tf.reduce_mean(head.row_loss(labels, outputs))
 

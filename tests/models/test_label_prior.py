@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gmeta_tf.meta import MetaConfig, MetaModel
+from gmeta_tf.meta import MetaConfig, MetaModel, role_batches, task_rows
 from gmeta_tf.models import CTRModel, DLRMTower, LabelPrior, MeLUTower, RatingHead
 from gmeta_tf.models.label_prior import PRIOR_INPUT
 from gmeta_tf.models.tower import PRIOR_SCALE
@@ -160,3 +160,63 @@ def test_each_task_adapts_how_much_it_follows_the_prior():
     want = np.where(query["item_id"] >= 0, 3.0 + 2.0 * priors[query["item_id"]], 0.0)
     np.testing.assert_allclose(model.adapted_predictions(batch).numpy(), want, atol=1e-3)
     assert float(tower.params()[PRIOR_SCALE].numpy()) == 1.0
+
+
+def _folded_prior() -> tuple[LabelPrior, np.ndarray, np.ndarray]:
+    """A prior on items 0..11 whose fold k's prior is the whole one + 10 (k + 1)."""
+    prior = LabelPrior("item_id", "rating", folds=3)
+    whole = np.linspace(-1.0, 1.0, 12)
+    folded = whole[None, :] + 10.0 * np.arange(1, 4)[:, None]
+    prior.assign(np.arange(12), whole, 1.0, folded)
+    return prior, whole, folded
+
+
+def test_training_rows_read_the_prior_of_the_other_folds_and_other_rows_the_whole_one():
+    prior, whole, folded = _folded_prior()
+    assert prior.fitted
+    ids = tf.constant([[3, 11, 40], [0, 3, -1]], tf.int64)
+    tasks = tf.constant([[7], [-2]], tf.int64)  # fold 1 both: 7 mod 3 and -2 mod 3
+    np.testing.assert_allclose(prior(ids).numpy(), [[whole[3], whole[11], 0], [whole[0],
+                                                     whole[3], 0]], rtol=1e-6)
+    np.testing.assert_allclose(prior(ids, tasks).numpy(),
+                               [[folded[1, 3], folded[1, 11], 0],
+                                [folded[1, 0], folded[1, 3], 0]], rtol=1e-6)
+    rows = prior(tf.constant([5, 5, 5]), tf.constant([0, 1, 5])).numpy()  # one task per row
+    np.testing.assert_allclose(rows, [folded[0, 5], folded[1, 5], folded[2, 5]], rtol=1e-6)
+    with pytest.raises(ValueError, match=r"fold_priors of shape None, expected \(3, 12\)"):
+        prior.assign(np.arange(12), whole, 1.0)
+    with pytest.raises(ValueError, match="folds=0"):
+        LabelPrior("item_id", "rating", folds=0)
+    unfolded = LabelPrior("item_id", "rating", folds=3)
+    unfolded.ids.assign(np.arange(12))  # as a checkpoint from before folds restores it
+    unfolded.damping.assign(1.0)
+    assert not unfolded.fitted  # so training fits it again
+
+
+def test_a_meta_model_and_its_baseline_train_on_out_of_fold_priors_and_score_the_whole():
+    prior, whole, folded = _folded_prior()
+    batch = tiny.tasks(4, support=6, query=4, seed=7)
+    batch["task_id"] = np.array([30, 31, 32, 35], np.int64)  # folds 0, 1, 2, 2
+    tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
+    tower.prior = prior
+    model = MetaModel(tiny.embedding(), tower, RatingHead("rating", offset=3.0),
+                      MetaConfig("maml", inner_steps=1, inner_lr=0.1))
+    fold = np.array([0, 1, 2, 2])[:, None]
+    for training in (True, False):
+        support, query, _ = role_batches(model.embedding, tower, "rating", batch, training)
+        for role, got in (("support", support), ("query", query)):
+            items = batch[role]["item_id"]
+            table = np.where(items >= 0, folded[fold, items] if training else whole[items], 0)
+            np.testing.assert_allclose(got.inputs[PRIOR_INPUT].numpy(), table, rtol=1e-6)
+    rows = task_rows(batch)  # the baseline's rows carry their tasks
+    real = {r: batch[r]["mask"].reshape(-1) > 0 for r in ("support", "query")}
+    np.testing.assert_array_equal(rows["task_id"].numpy(), np.concatenate(
+        [np.repeat(batch["task_id"], batch[r]["mask"].shape[1])[real[r]]
+         for r in ("support", "query")]))
+    baseline = CTRModel(tiny.embedding(), tower, RatingHead("rating", offset=3.0))
+    items, tasks = rows["item_id"].numpy(), rows["task_id"].numpy()
+    np.testing.assert_allclose(
+        baseline.tower_inputs(rows, training=True)[PRIOR_INPUT].numpy(),
+        np.where(items >= 0, folded[tasks % 3, items], 0), rtol=1e-6)
+    np.testing.assert_allclose(baseline.tower_inputs(rows, training=False)[PRIOR_INPUT].numpy(),
+                               np.where(items >= 0, whole[items], 0), rtol=1e-6)

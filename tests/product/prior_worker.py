@@ -2,8 +2,8 @@
 
     [horovodrun -np N -H localhost:N] python -m tests.product.prior_worker RUN_DIR DATA_DIR OUT
 
-Rank r writes OUT/rank<r>.npz: the prior's ids, values and damping, and the validation
-loss of each of ``references.DAMPINGS``.
+Rank r writes OUT/rank<r>.npz: the prior's ids, values, out-of-fold values and damping,
+and the validation loss of each of ``references.DAMPINGS``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ def main(run_dir: str, data_dir: str, out: str) -> None:
     distributed.init()
     config = load_config("default", tiny_overrides(Path(run_dir), Path(data_dir))
                          + ["model.prior.feature=item_id"])
-    prior = LabelPrior("item_id", make_head(config.model).kind)
+    prior = LabelPrior("item_id", make_head(config.model).kind, config.model.prior.folds)
     losses = fit_prior(prior, config)
     np.savez(Path(out) / f"rank{distributed.rank()}.npz", ids=prior.ids.numpy(),
-             values=prior.values.numpy(), damping=prior.damping.numpy(),
+             values=prior.values.numpy(),
+             fold_values=prior.fold_values.numpy(), damping=prior.damping.numpy(),
              losses=np.array([losses[d] for d in DAMPINGS]))
 
 

@@ -25,6 +25,7 @@ from tests.product.conftest import tiny_overrides
 
 def _rows(data, split, names, query_only=False):
     dataset = meta_io.TaskDataset(str(data), split, rank=0, size=1, features=names)
+    names = names if query_only else names + ["task_id"]
     out = {n: [] for n in names}
     batches = dataset.tasks(8, None, None) if query_only else dataset.rows(512)
     for batch in batches:
@@ -35,26 +36,30 @@ def _rows(data, split, names, query_only=False):
     return {n: np.concatenate(v) for n, v in out.items()}
 
 
-def _expected_prior(data):
+def _expected_prior(data, folds=5):
     """The damped click rate per item on the warm rows, as a logit against the global
-    rate, at the damping with the lowest validation log loss: computed here apart."""
+    rate, at the damping with the lowest validation log loss; and per fold of tasks
+    (task id mod folds) the same on the other folds' rows: computed here apart."""
     train = _rows(data, "warm", ["item_id", "label"])
     valid = _rows(data, "valid", ["item_id", "label"], query_only=True)
     g = train["label"].mean()
-    keys, inverse = np.unique(train["item_id"], return_inverse=True)
-    sums = np.bincount(inverse, weights=train["label"])
-    counts = np.bincount(inverse).astype(float)
+    keys = np.unique(train["item_id"])
 
-    def rates(d, ids):
+    def rates(d, ids, rows):
+        sums = np.array([train["label"][rows & (train["item_id"] == k)].sum() for k in keys])
+        counts = np.array([(rows & (train["item_id"] == k)).sum() for k in keys], float)
         at = np.searchsorted(keys, ids).clip(0, len(keys) - 1)
         known = keys[at] == ids
         return np.where(known, (sums[at] + d * g) / (counts[at] + d), g)
 
-    losses = {d: metrics.log_loss(valid["label"], np.clip(rates(d, valid["item_id"]),
+    every = np.ones(len(train["label"]), bool)
+    losses = {d: metrics.log_loss(valid["label"], np.clip(rates(d, valid["item_id"], every),
                                                           1e-3, 1 - 1e-3)) for d in DAMPINGS}
     d = min(losses, key=losses.get)
     logit = lambda p: np.log(p / (1 - p))  # noqa: E731
-    return keys, logit(rates(d, keys)) - logit(g), d
+    fold = train["task_id"] % folds
+    out_of_fold = np.stack([logit(rates(d, keys, fold != k)) - logit(g) for k in range(folds)])
+    return keys, logit(rates(d, keys, every)) - logit(g), d, out_of_fold
 
 
 def test_training_fits_the_prior_and_every_later_step_restores_it(tiny_data, tmp_path, caplog):
@@ -64,13 +69,16 @@ def test_training_fits_the_prior_and_every_later_step_restores_it(tiny_data, tmp
     with caplog.at_level(logging.INFO, logger="gmeta_tf.training.prior_fit"):
         Trainer(config, fresh=True).run()
     assert "label prior of 'item_id'" in caplog.text
-    keys, values, damping = _expected_prior(tiny_data)
+    keys, values, damping, out_of_fold = _expected_prior(tiny_data)
     models, _ = restore_models(config)
     for model in (models.model, models.baseline):  # one prior, read by both towers
         prior = model.tower.prior
         assert prior.fitted and float(prior.damping.numpy()) == damping
         np.testing.assert_array_equal(prior.ids.numpy(), keys)
         np.testing.assert_allclose(prior.values.numpy()[:-1], values, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(prior.fold_values.numpy()[:, :-1], out_of_fold,
+                                   rtol=1e-4, atol=1e-5)
+        assert not np.allclose(prior.fold_values.numpy()[:, :-1], values)
     assert models.model.tower.prior is models.baseline.tower.prior
 
     caplog.clear()
@@ -107,7 +115,7 @@ def test_ranks_fit_the_prior_of_the_whole_split_from_their_shards(tiny_data, tmp
     out = tmp_path / "out"
     out.mkdir()
     run_ranks("tests.product.prior_worker", str(tmp_path / "run"), str(tiny_data), str(out))
-    keys, values, damping = _expected_prior(tiny_data)
+    keys, values, damping, out_of_fold = _expected_prior(tiny_data)
     shards = [meta_io.TaskDataset(str(tiny_data), "warm", rank=r, size=2).num_rows
               for r in range(2)]
     assert all(0 < n < sum(shards) for n in shards)  # each rank holds part of the split
@@ -116,7 +124,10 @@ def test_ranks_fit_the_prior_of_the_whole_split_from_their_shards(tiny_data, tmp
         assert float(fitted["damping"]) == damping
         np.testing.assert_array_equal(fitted["ids"], keys)
         np.testing.assert_allclose(fitted["values"][:-1], values, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(fitted["fold_values"][:, :-1], out_of_fold, rtol=1e-4,
+                                   atol=1e-5)
     np.testing.assert_array_equal(ranks[0]["values"], ranks[1]["values"])
+    np.testing.assert_array_equal(ranks[0]["fold_values"], ranks[1]["fold_values"])
     np.testing.assert_array_equal(ranks[0]["losses"], ranks[1]["losses"])
 
 
