@@ -5,10 +5,10 @@ the task id only) and sums the label and counts the rows of each value, per fold
 tasks, it holds; the ranks' sums and counts are gathered (one allgather each, of the
 distinct (fold, value) pairs a rank holds, not of its rows) and every rank merges them
 into the same prior: the whole split's, and each fold's out-of-fold one (the sums of the
-other folds). The damping, unless configured, is
-the one of ``references.DAMPINGS`` whose prior alone (the global mean plus it) has the
-lowest loss on the validation split's query rows (its rows, for a plain CTR model): the
-choice the item-mean reference makes, from each rank's loss on its own shard, summed.
+other folds). The damping, unless configured, is the one of ``references.DAMPINGS`` whose
+whole prior alone (the global mean plus it) has the lowest loss on the validation split's
+query rows (its rows, for a plain CTR model): the choice the item-mean reference makes,
+from each rank's loss on its own shard, summed.
 """
 
 from __future__ import annotations
