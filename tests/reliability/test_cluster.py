@@ -175,13 +175,15 @@ def test_lost_host_ends_the_job_naming_it_then_resume_on_the_rest(cluster, tiny_
                  "checkpoint ckpt-20 of the run that loses a host")
         cluster.set_link(hosts[1], up=False)  # host 2's cable pulled
         lost_at = time.monotonic()
-        code = job.wait(timeout=GLOO_TIMEOUT + 60)
+        code = job.wait(timeout=GLOO_TIMEOUT + 120)
         took = time.monotonic() - lost_at
     finally:
         job.kill_tree()
     output = job.output()
     assert code != 0, output[-3000:]
-    assert took < GLOO_TIMEOUT + 30, f"the job took {took:.0f}s to end after the host was lost"
+    # Bounded by the collective timeout plus the time to save and exit: 51 s was seen on
+    # a 2-core machine also running two benchmarks, so the slack is a minute.
+    assert took < GLOO_TIMEOUT + 60, f"the job took {took:.0f}s to end after the host was lost"
     assert f"lost host {hosts[1].address} (rank 1): the host does not answer" in output, \
         output[-3000:]
     complete = checkpoint.complete_checkpoints(ckpts)
