@@ -157,7 +157,9 @@ class ModelConfig:
     ``tower: dlrm`` reads ``sparse_features`` (default: every feature of the tables) and
     ``dense_features`` (name -> width); ``tower: melu`` reads ``item_features`` then
     ``user_features``, and with ``context_dim`` > 0 a context vector of that width (CAVIA:
-    adapt only it with ``meta.fast_weights: [context]``). With ``linear`` (default) either
+    adapt only it with ``meta.fast_weights: [context]``); with ``item_factors`` MeLU's output
+    layer also reads the item embeddings, so adapting it per user is a matrix-factorisation
+    fold-in (``MeLUTower``). With ``linear`` (default) either
     tower adds the first-order term to its output: a weight per id (one more column of
     every table row) and, in DLRM, per dense input, as a logistic regression or a bias
     model has. Multi-hot features are mean-pooled. ``prior`` (absent: none) adds a fixed
@@ -173,6 +175,7 @@ class ModelConfig:
     user_features: tuple[str, ...] = ()
     hidden_units: tuple[int, ...] = (64, 64)
     context_dim: int = field(0, min=0)
+    item_factors: bool = False
     bottom_units: tuple[int, ...] = (64,)
     top_units: tuple[int, ...] = (64, 32)
     linear: bool = True
@@ -230,6 +233,11 @@ class TrainConfig:
     ``baseline_table_learning_rate`` (default: each table's own ``learning_rate``) the
     rate of every one of the baseline's tables, so the two models' embedding rows can
     train at rates chosen for each (``gmeta tune`` searches both).
+    ``embedding_l2`` adds, in training, that weight times the mean squared norm of the
+    embedding rows a batch reads to the model's objective (an id's row is pulled toward
+    zero as often as it is read: a rare item's row, trained on a few ratings, stays small);
+    ``baseline_embedding_l2`` (default ``embedding_l2``) is the baseline's (``gmeta tune``
+    searches both).
     ``pretrain_steps``: the meta model's first this many steps train its unadapted
     predictions on every row of the step's tasks (the baseline's objective), then
     meta-training starts from those weights (pre-training then meta-training, as in Chen
@@ -242,6 +250,8 @@ class TrainConfig:
     learning_rate: float = field(0.003, min_exclusive=0.0)
     baseline_learning_rate: float | None = field(None, min_exclusive=0.0)
     baseline_table_learning_rate: float | None = field(None, min_exclusive=0.0)
+    embedding_l2: float = field(0.0, min=0.0)
+    baseline_embedding_l2: float | None = field(None, min=0.0)
     shuffle_seed: int = 0
     log_every: int = field(50, min=1)
     eval_every: int = field(0, min=0)
@@ -606,6 +616,14 @@ def _describe(hint: Any, metadata: Mapping[str, Any]) -> str:
         hint, type_name(hint))
 
 
+def baseline_embedding_l2(config: PipelineConfig) -> float:
+    """The baseline's embedding penalty: ``train.baseline_embedding_l2``, default
+    ``train.embedding_l2``."""
+    if config.train.baseline_embedding_l2 is not None:
+        return config.train.baseline_embedding_l2
+    return config.train.embedding_l2
+
+
 def ridge_applies(model: ModelConfig) -> bool:
     """Whether the output layer can be solved in closed form (``meta.ridge``): a MeLU
     tower with a rating head."""
@@ -640,6 +658,10 @@ def check_consistency(config: PipelineConfig) -> None:
     if model.tower == "melu" and not (model.item_features or model.user_features):
         raise _fail("model.item_features", [], "item_features and/or user_features for "
                     "tower 'melu'")
+    if model.item_factors and not (model.tower == "melu" and model.item_features):
+        raise _fail("model.item_factors", model.item_factors,
+                    "false unless tower 'melu' with item_features (the output layer reads "
+                    "MeLU's item embeddings)")
     if model.tower != "melu" and model.context_dim:
         raise _fail("model.context_dim", model.context_dim,
                     f"0 for tower '{model.tower}' (the context vector is MeLU's)")

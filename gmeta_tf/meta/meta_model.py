@@ -12,6 +12,7 @@ from gmeta_tf.meta.meta_config import MetaConfig
 from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, resolve_fast_weights,
                                         ridge_size)
 from gmeta_tf.meta.task_batch import role_batches
+from gmeta_tf.models.embedding_inputs import embedding_penalty
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
 
@@ -48,6 +49,9 @@ class MetaModel(tf.keras.Model):
         tower: The dense tower (``MeLUTower``, ``DLRMTower``).
         head: The head; its ``label`` names the label feature of the batch.
         config: The loops' settings.
+        embedding_l2: In training, this weight times the mean squared norm of the embedding
+            rows of every real support and query row is added to the outer objective (and
+            to pre-training's; ``embedding_penalty``; 0: none).
 
     Example::
 
@@ -59,9 +63,10 @@ class MetaModel(tf.keras.Model):
     """
 
     def __init__(self, embedding: tf.keras.layers.Layer, tower: Tower, head: Head,
-                 config: MetaConfig | None = None, **kwargs):
+                 config: MetaConfig | None = None, embedding_l2: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.embedding, self.tower, self.head = embedding, tower, head
+        self.embedding_l2 = float(embedding_l2)
         self.config = config or MetaConfig()
         fast = resolve_fast_weights(tower, self.config.fast_weights)
         self.ridge_variable = self._create_ridge()
@@ -157,7 +162,17 @@ class MetaModel(tf.keras.Model):
         if training and self.config.plain_loss:
             objective += self.config.plain_loss * self._plain_loss(params, fast, support, query,
                                                                    support_losses)
+        if training and self.embedding_l2:
+            objective += self.embedding_l2 * self._embedding_penalty(support, query)
         return query_loss, support_loss, params, adapted, objective
+
+    def _embedding_penalty(self, support, query) -> tf.Tensor:
+        """``embedding_penalty`` over every real support and query row of the batch."""
+        names = self.tower.sparse_features
+        rows = [tf.reduce_sum(role.mask) for role in (support, query)]
+        return (tf.add_n([embedding_penalty(role.inputs, names, role.mask) * n
+                          for role, n in zip((support, query), rows)])
+                / tf.maximum(tf.add_n(rows), 1.0))
 
     def _plain_loss(self, params, fast, support, query,
                     support_losses: tf.Tensor | None = None) -> tf.Tensor:
@@ -218,7 +233,10 @@ class MetaModel(tf.keras.Model):
             params = self.tower.params()
             fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
             loss = self._plain_loss(params, fast, support, query)
-        grads = tape.gradient(loss, slow + self.embedding.trainable_variables,
+            objective = loss
+            if self.embedding_l2:
+                objective += self.embedding_l2 * self._embedding_penalty(support, query)
+        grads = tape.gradient(objective, slow + self.embedding.trainable_variables,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return loss, list(grads[: len(slow)])
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from gmeta_tf import distributed
 from gmeta_tf.data.schema import TASK_COLUMN
-from gmeta_tf.models.embedding_inputs import embedding_inputs
+from gmeta_tf.models.embedding_inputs import embedding_inputs, embedding_penalty
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
 
@@ -27,6 +27,8 @@ class CTRModel(tf.keras.Model):
             (``ShardedHashEmbedding``); its gradient must go through ``trainable_variables``.
         tower: The dense tower.
         head: The head (label name, loss, prediction).
+        embedding_l2: In training, this weight times the mean squared norm of the embedding
+            rows a batch reads is added to the loss (``embedding_penalty``; 0: none).
 
     Example::
 
@@ -35,9 +37,11 @@ class CTRModel(tf.keras.Model):
         model.fit(rows_dataset, epochs=1)
     """
 
-    def __init__(self, embedding: tf.keras.layers.Layer, tower: Tower, head: Head, **kwargs):
+    def __init__(self, embedding: tf.keras.layers.Layer, tower: Tower, head: Head,
+                 embedding_l2: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.embedding, self.tower, self.head = embedding, tower, head
+        self.embedding_l2 = float(embedding_l2)
         self.tower.build(None)
 
     def tower_inputs(self, features: Mapping[str, tf.Tensor], training: bool) -> dict:
@@ -52,9 +56,18 @@ class CTRModel(tf.keras.Model):
         return self.head.predict(self.tower(self.tower_inputs(features, training)))
 
     def _loss(self, batch: Mapping[str, tf.Tensor], training: bool) -> tf.Tensor:
-        outputs = self.tower(self.tower_inputs(batch, training))
+        inputs = self.tower_inputs(batch, training)
         labels = tf.cast(batch[self.head.label], tf.float32)
-        return tf.reduce_mean(self.head.row_loss(labels, outputs))
+        return self.rows_loss(inputs, labels, training)
+
+    def rows_loss(self, inputs: Mapping[str, tf.Tensor], labels: tf.Tensor,
+                  training: bool) -> tf.Tensor:
+        """The mean loss of rows given the tower's inputs, plus in training the embedding
+        penalty (``embedding_l2``)."""
+        loss = tf.reduce_mean(self.head.row_loss(labels, self.tower(inputs)))
+        if training and self.embedding_l2:
+            loss += self.embedding_l2 * embedding_penalty(inputs, self.tower.sparse_features)
+        return loss
 
     def train_step(self, batch):
         dense_vars = self.tower.trainable_variables

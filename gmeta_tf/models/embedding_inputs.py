@@ -43,3 +43,23 @@ def _drop_padding(ids: tf.Tensor) -> tf.RaggedTensor:
     real = tf.not_equal(ids, PAD_ID)
     return tf.RaggedTensor.from_row_lengths(
         tf.boolean_mask(ids, real), tf.reduce_sum(tf.cast(real, tf.int64), axis=1))
+
+
+def embedding_penalty(inputs: Mapping[str, tf.Tensor], names: Sequence[str],
+                      mask: tf.Tensor | None = None) -> tf.Tensor:
+    """The mean over rows of the summed squared embedding rows of ``names``: an L2 penalty
+    on the rows a batch reads, so an id's row is pulled toward zero in proportion to how
+    often it is read (mini-batch aware regularisation, Zhou et al. KDD 2018, "Deep Interest
+    Network"): a rare item's row, trained on a few ratings, stays near zero until they
+    agree.
+
+    Args:
+        inputs: Embedded features ``{name: [..., dim]}`` (``names`` among them).
+        names: The embedded features penalised.
+        mask: ``[...]`` 1.0 for a real row and 0.0 for padding (None: every row is real).
+    """
+    squares = tf.add_n([tf.reduce_sum(tf.square(inputs[n]), axis=-1) for n in names])
+    if mask is None:
+        return tf.reduce_mean(squares)
+    mask = tf.cast(mask, squares.dtype)
+    return tf.reduce_sum(squares * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)

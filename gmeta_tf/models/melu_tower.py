@@ -30,6 +30,13 @@ class MeLUTower(Tower):
     the item mean + user offset reference keeps it; the adapted output bias is the user's
     offset. The tower then reads rows of ``embedding_dim + 1`` (``input_width``).
 
+    With ``item_factors`` the output layer reads the item embeddings beside the last hidden
+    layer (a skip connection): ``out = h . w_h + e_item . w_e + b``. Adapting the output
+    layer per user then fits the user a vector ``w_e`` of weights on the item embeddings,
+    the fold-in of a matrix factorisation (user factor . item factor), which an MLP over
+    ``concat(embeddings, context)`` learns only roughly; a model trained through the
+    adaptation (MAML) learns item embeddings that such a fold-in can use.
+
     Args:
         item_features: Embedded item feature names (e.g. item_id, genres, year).
         user_features: Embedded user feature names (e.g. age, gender, occupation, zip).
@@ -38,6 +45,7 @@ class MeLUTower(Tower):
         seed: Initializer seed.
         context_dim: Width of the context vector (0: none).
         linear: Add the first-order term (see above).
+        item_factors: The output layer also reads the item embeddings (see above).
 
     Example::
 
@@ -47,7 +55,8 @@ class MeLUTower(Tower):
 
     def __init__(self, item_features: Sequence[str], user_features: Sequence[str],
                  embedding_dim: int, hidden_units: Sequence[int] = (64, 64), seed: int = 0,
-                 context_dim: int = 0, linear: bool = False, **kwargs):
+                 context_dim: int = 0, linear: bool = False, item_factors: bool = False,
+                 **kwargs):
         super().__init__(tuple(item_features) + tuple(user_features), embedding_dim, None, seed,
                          linear, **kwargs)
         self.item_features, self.user_features = tuple(item_features), tuple(user_features)
@@ -55,6 +64,9 @@ class MeLUTower(Tower):
         if not isinstance(context_dim, int) or isinstance(context_dim, bool) or context_dim < 0:
             raise ValueError(f"{self.name}: context_dim={context_dim!r}, expected an int >= 0")
         self.context_dim = context_dim
+        self.item_factors = bool(item_factors)
+        if self.item_factors and not self.item_features:
+            raise ValueError(f"{self.name}: item_factors needs item_features")
 
     def _create_weights(self) -> dict[str, tf.Variable]:
         params = {}
@@ -62,7 +74,15 @@ class MeLUTower(Tower):
             params["context"] = self.add_weight(name="context", shape=[self.context_dim],
                                                 initializer="zeros")
         width = self.embedding_dim * len(self.sparse_features) + self.context_dim
-        params.update(add_dense_stack(self, "mlp", width, (*self.hidden_units, 1), self.seed))
+        if not self.item_factors:
+            params.update(add_dense_stack(self, "mlp", width, (*self.hidden_units, 1), self.seed))
+            return params
+        params.update(add_dense_stack(self, "mlp", width, self.hidden_units, self.seed))
+        kernel, bias = self.output_layer  # reads the last hidden layer and the item vectors
+        fan_in = self.hidden_units[-1] + self.embedding_dim * len(self.item_features)
+        init = tf.keras.initializers.GlorotUniform(seed=self.seed * 1000 + len(self.hidden_units))
+        params[kernel] = self.add_weight(name=kernel, shape=[fan_in, 1], initializer=init)
+        params[bias] = self.add_weight(name=bias, shape=[1], initializer="zeros")
         return params
 
     @property
@@ -70,14 +90,19 @@ class MeLUTower(Tower):
         return layer_names("mlp", len(self.hidden_units) + 1)[-1]
 
     def hidden(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
-        x = tf.concat(self.vectors(features), axis=-1)
+        vectors = self.vectors(features)
+        x = tf.concat(vectors, axis=-1)
         if self.context_dim:
             context = params["context"]
             if context.shape.rank == 2:      # one context per task: [T, C], x [T, N, W]
                 context = context[:, None, :]
             shape = tf.concat([tf.shape(x)[:-1], [self.context_dim]], axis=0)
             x = tf.concat([x, tf.broadcast_to(context, shape)], axis=-1)
-        return apply_dense_stack(params, "mlp", len(self.hidden_units), x)
+        h = apply_dense_stack(params, "mlp", len(self.hidden_units), x)
+        if not self.item_factors:
+            return h
+        items = vectors[:len(self.item_features)]  # sparse_features: item features first
+        return tf.concat([h, *items], axis=-1)
 
     def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         kernel, bias = self.output_layer
@@ -92,5 +117,5 @@ class MeLUTower(Tower):
             config.pop(key)
         config.update(item_features=list(self.item_features),
                       user_features=list(self.user_features), hidden_units=list(self.hidden_units),
-                      context_dim=self.context_dim)
+                      context_dim=self.context_dim, item_factors=self.item_factors)
         return config

@@ -11,7 +11,8 @@ import dataclasses
 import tensorflow as tf
 
 from gmeta_tf import data as meta_io
-from gmeta_tf.config import ConfigError, ModelConfig, PipelineConfig, tower_sparse_features
+from gmeta_tf.config import (ConfigError, ModelConfig, PipelineConfig, baseline_embedding_l2,
+                             tower_sparse_features)
 from gmeta_tf.embedding import FeatureConfig, ShardedHashEmbedding
 from gmeta_tf.embedding.id_salt import feature_salt
 from gmeta_tf.meta import MetaModel
@@ -119,7 +120,8 @@ def make_tower(model: ModelConfig, name: str, prior: LabelPrior | None = None) -
     if model.tower == "melu":
         tower: Tower = MeLUTower(model.item_features, model.user_features, model.embedding_dim,
                                  model.hidden_units, seed=model.seed,
-                                 context_dim=model.context_dim, linear=model.linear, name=name)
+                                 context_dim=model.context_dim, linear=model.linear,
+                                 item_factors=model.item_factors, name=name)
     else:
         tower = DLRMTower(tower_sparse_features(model), model.embedding_dim,
                           dict(model.dense_features) or None, model.bottom_units,
@@ -174,14 +176,17 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
         tower = make_tower(config.model, "tower", prior)
         try:
             if config.meta.enabled:
-                model = MetaModel(embedding, tower, head, config.meta, name="meta_model")
+                model = MetaModel(embedding, tower, head, config.meta,
+                                  embedding_l2=config.train.embedding_l2, name="meta_model")
             else:
-                model = CTRModel(embedding, tower, head, name="ctr_model")
+                model = CTRModel(embedding, tower, head, config.train.embedding_l2,
+                                 name="ctr_model")
         except ValueError as err:  # e.g. a fast_weights selector matching nothing
             raise ConfigError(f"config section 'meta' is not allowed: {err}") from err
         baseline = (CTRModel(baseline_embedding, make_tower(config.model, "baseline_tower",
                                                             prior),
-                             head, name="baseline_model") if with_baseline else None)
+                             head, baseline_embedding_l2(config), name="baseline_model")
+                    if with_baseline else None)
         optimizers = tf.Module(name="optimizers")
         optimizers.model = keras_optimizer(config)
         model.compile(optimizer=optimizers.model)

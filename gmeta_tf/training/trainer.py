@@ -294,9 +294,9 @@ class Trainer:
 
         def loss_fn(embedded, rows):  # CTRModel._loss on pulled rows
             tasks = rows[TASK_COLUMN] if tower.out_of_fold else None
-            outputs = tower({**embedded, **tower.raw_inputs(rows, tasks)})
             labels = tf.cast(rows[head.label], tf.float32)
-            return tf.reduce_mean(head.row_loss(labels, outputs))
+            return model.rows_loss({**embedded, **tower.raw_inputs(rows, tasks)}, labels,
+                                   training=True)
 
         @tf.function(reduce_retracing=True)
         def to_rows(rows):  # the CTR step's input, multi-hot ids as ragged

@@ -24,11 +24,13 @@ tune at the world size you will train at (``tuned.yaml`` records it and ``gmeta 
 warns when it differs). Search spaces (ranges below): the meta model's inner steps k, inner
 rate, learned inner rates (none, per tensor, per element, each optionally per step:
 Meta-SGD / MAML++), multi-step loss, outer learning rate, pre-training steps
-(``train.pretrain_steps``), its tables' learning rate (one for every table) and, for a
+(``train.pretrain_steps``), its tables' learning rate (one for every table), the weight
+of its embedding rows' L2 penalty (``train.embedding_l2``) and, for a
 MeLU rating model, the ridge strength of its output layer (``meta.ridge``, 0 = off); the
 baseline's learning rate, its tables' learning rate
-(``train.baseline_table_learning_rate``), fine-tuning rate and fine-tuning steps (the
-same range as k) and its own ridge strength (``eval.baseline_ridge``). A study's first
+(``train.baseline_table_learning_rate``), its embedding penalty
+(``train.baseline_embedding_l2``, the same choices), fine-tuning rate and fine-tuning steps
+(the same range as k) and its own ridge strength (``eval.baseline_ridge``). A study's first
 trial gives every table the first table's rate. A plain CTR pipeline (``meta.enabled:
 false``) searches its learning rate, its tables' learning rate, its batch size and its
 embedding width.
@@ -53,13 +55,14 @@ from typing import Any, Callable
 
 import yaml
 
-from gmeta_tf.config import (TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig, load_config,
-                             ridge_applies)
+from gmeta_tf.config import (TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig,
+                             baseline_embedding_l2, load_config, ridge_applies)
 from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, baseline_ridge, selection_metric
 
 log = logging.getLogger(__name__)
 MULTI_STEP_LOSS = [0, 100, 200, 300]
 RIDGE = [0.0, 1.0, 3.0, 10.0, 30.0, 100.0]  # ridge strengths of the output layer (0: off)
+EMBEDDING_L2 = [0.0, 0.01, 0.1]  # weights of the embedding rows' L2 penalty (0: off)
 BATCH_SIZES = [64, 128, 256, 512]
 EMBEDDING_DIMS = [4, 8, 16]
 TABLE_RATES = (1e-3, 0.3)  # the range of a model's table learning rate (every table's)
@@ -80,6 +83,7 @@ def _meta_space(trial, config: PipelineConfig) -> dict[str, Any]:
         "train.learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True),
         "train.pretrain_steps": trial.suggest_categorical("pretrain_steps",
                                                           pretrain_choices(config)),
+        "train.embedding_l2": trial.suggest_categorical("embedding_l2", EMBEDDING_L2),
         **_table_rates(trial, config),
     }
     if config.meta.algorithm != "reptile":
@@ -104,6 +108,7 @@ def _baseline_space(trial, config: PipelineConfig) -> dict[str, Any]:
         "eval.baseline_lr": trial.suggest_float("fine_tune_lr", 1e-3, 3.0, log=True),
         "eval.baseline_steps": trial.suggest_int("fine_tune_steps", 1, 5),
         "train.baseline_table_learning_rate": _suggest_table_rate(trial),
+        "train.baseline_embedding_l2": trial.suggest_categorical("embedding_l2", EMBEDDING_L2),
     }
     if ridge_applies(config.model):
         settings["eval.baseline_ridge"] = trial.suggest_categorical("ridge", RIDGE)
@@ -159,6 +164,7 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
                   "inner_lr": _clip(m.inner_lr, 1e-3, 3.0),
                   "learning_rate": _clip(t.learning_rate, 1e-4, 1e-2),
                   "pretrain_steps": _nearest(t.pretrain_steps, pretrain_choices(config)),
+                  "embedding_l2": _nearest(t.embedding_l2, EMBEDDING_L2),
                   "table_learning_rate": _clip(_first_table_rate(config), *TABLE_RATES)}
         if m.algorithm != "reptile":
             params["multi_step_loss"] = _nearest(m.multi_step_loss, MULTI_STEP_LOSS)
@@ -172,7 +178,8 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
                   "fine_tune_lr": _clip(e.baseline_lr, 1e-3, 3.0),
                   "fine_tune_steps": min(max(steps, 1), 5),
                   "table_learning_rate": _clip(t.baseline_table_learning_rate
-                                               or _first_table_rate(config), *TABLE_RATES)}
+                                               or _first_table_rate(config), *TABLE_RATES),
+                  "embedding_l2": _nearest(baseline_embedding_l2(config), EMBEDDING_L2)}
         if ridge_applies(config.model):
             params["ridge"] = _nearest(baseline_ridge(config), RIDGE)
         return params

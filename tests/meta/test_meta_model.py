@@ -10,6 +10,8 @@ from gmeta_tf.meta.evaluation import traced_once
 from gmeta_tf.models import CTRModel
 from tests.meta import tiny
 
+HIDDEN_PLUS_ITEMS = tiny.HIDDEN + tiny.DIM  # the output layer's inputs with item_factors
+
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"inner_steps": 0}, "inner_steps = 0 is not allowed: expected an integer >= 1"),
@@ -194,6 +196,47 @@ def test_the_baseline_is_ridge_fitted_as_the_meta_model_adapts():
     labels = batch["support"]["rating"]
     assert (np.square(fitted - labels)[real].sum()
             < np.square(stepped - labels)[real].sum())
+
+
+def test_item_factors_fold_in_by_ridge_as_the_baseline_does():
+    """With ``item_factors`` the ridge solve fits every task a weight on each item
+    embedding column too (a matrix-factorisation fold-in), for the meta model and the
+    fine-tuned baseline alike, and the outer gradient reaches the item rows through it."""
+    model = tiny.model(MetaConfig("maml", inner_steps=1, inner_lr=0.2, ridge=0.5),
+                       item_factors=True)
+    assert model.ridge_variable.shape == (HIDDEN_PLUS_ITEMS + 1,)
+    baseline = CTRModel(model.embedding, model.tower, model.head)
+    batch = tiny.tasks(4, seed=6)
+    model.meta_gradients(batch)  # inserts the ids and trains their rows once
+    inserted = tiny.rows_of(model, {"item_id": batch["support"]["item_id"][0, :2]})["item_id"]
+    model.meta_gradients(batch)
+    moved = tiny.rows_of(model, {"item_id": batch["support"]["item_id"][0, :2]})["item_id"]
+    assert np.abs(moved - inserted).max() > 1e-6
+    np.testing.assert_allclose(fine_tuned_predictions(baseline, 1, 0.2, ridge=0.5)(batch),
+                               model.adapted_predictions(batch), rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_penalty_is_added_to_the_outer_objective_in_training():
+    """``embedding_l2`` adds its weight times the mean squared norm of the real support
+    and query rows' embeddings to the outer objective only; the reported losses are the
+    unpenalised ones."""
+    config = MetaConfig("maml", inner_steps=2, inner_lr=0.2)
+    plain, penalised = tiny.model(config), tiny.model(config, embedding_l2=0.3)
+    batch = tiny.tasks(3, seed=2)
+    for m in (plain, penalised):
+        tiny.insert_ids(m, batch)
+    q0, s0, _, _, objective0 = plain.meta_loss(batch)
+    q1, s1, _, _, objective1 = penalised.meta_loss(batch)
+    np.testing.assert_allclose([q1, s1], [q0, s0], rtol=1e-6)
+    names = ["item_id", "user_id"]
+    squares, rows = 0.0, 0.0
+    for role in ("support", "query"):
+        real = batch[role]["mask"] > 0
+        emb = tiny.rows_of(penalised, {n: batch[role][n][real] for n in names})
+        squares += sum(np.square(emb[n]).sum() for n in names)
+        rows += real.sum()
+    np.testing.assert_allclose(objective1 - objective0, 0.3 * squares / rows, rtol=1e-4)
+    assert float(penalised.meta_loss(batch, training=False)[4]) == pytest.approx(float(q1))
 
 
 @pytest.mark.shared_data

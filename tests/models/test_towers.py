@@ -8,6 +8,7 @@ from gmeta_tf.embedding import Adagrad, FeatureConfig, ShardedHashEmbedding, Tab
 from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, MeLUTower, RatingHead,
                              embedding_inputs, make_head)
 from gmeta_tf.models.dense_stack import apply_dense_stack
+from gmeta_tf.models.embedding_inputs import embedding_penalty
 
 DIM = 4
 
@@ -16,6 +17,8 @@ def _towers():
     return [MeLUTower(["item_id", "genres"], ["age"], DIM, hidden_units=(6, 5), seed=1),
             MeLUTower(["item_id", "genres"], ["age"], DIM, hidden_units=(6,), seed=4,
                       context_dim=3),
+            MeLUTower(["item_id", "genres"], ["age"], DIM, hidden_units=(6, 5), seed=5,
+                      context_dim=2, item_factors=True),
             DLRMTower(["item_id", "genres", "age"], DIM, {"price": 1, "stats": 3},
                       bottom_units=(5,), top_units=(6,), seed=2),
             DLRMTower(["item_id", "genres", "age"], DIM, None, top_units=(6,), seed=3)]
@@ -29,7 +32,8 @@ def _features(rng, lead):
             "stats": rng.normal(size=(*lead, 3)).astype(np.float32)}
 
 
-@pytest.mark.parametrize("tower", _towers(), ids=["melu", "melu-context", "dlrm", "deepfm"])
+@pytest.mark.parametrize("tower", _towers(),
+                         ids=["melu", "melu-context", "melu-item-factors", "dlrm", "deepfm"])
 def test_per_task_weights_equal_a_loop_over_tasks(tower):
     rng = np.random.default_rng(0)
     num_tasks, rows = 3, 5
@@ -93,6 +97,66 @@ def test_melu_linear_term_is_the_rows_last_column_summed_beside_the_mlp():
     via_hidden = (tf.squeeze(linear.hidden(params, wide) @ params[kernel], -1) + params[b]
                   + linear.linear_term(params, wide))
     np.testing.assert_allclose(out, via_hidden.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_melu_item_factors_are_read_by_the_output_layer_beside_the_mlp():
+    """With ``item_factors`` the output layer's kernel has a row per item-embedding column
+    after the last hidden layer's: ``out = h . w_h + e_item . w_e + b``, user features and
+    the context reaching it only through the MLP; the MLP is the plain tower's."""
+    plain = MeLUTower(["item_id", "genres"], ["age"], DIM, hidden_units=(5,), seed=2,
+                      context_dim=3)
+    factors = MeLUTower(["item_id", "genres"], ["age"], DIM, hidden_units=(5,), seed=2,
+                        context_dim=3, item_factors=True)
+    kernel, bias = factors.output_layer
+    params = factors.params()
+    assert params[kernel].shape == (5 + 2 * DIM, 1) and factors.get_config()["item_factors"]
+    np.testing.assert_array_equal(params["mlp/0/kernel"].numpy(),
+                                  plain.params()["mlp/0/kernel"].numpy())
+    rng = np.random.default_rng(4)
+    feats = {k: rng.normal(size=(2, 4, DIM)).astype(np.float32)
+             for k in ("item_id", "genres", "age")}
+    h = apply_dense_stack(params, "mlp", 1, tf.constant(np.concatenate(
+        [feats["item_id"], feats["genres"], feats["age"], np.zeros((2, 4, 3), np.float32)],
+        -1))).numpy()
+    w = params[kernel].numpy()[:, 0]
+    expected = (h @ w[:5] + feats["item_id"] @ w[5:5 + DIM] + feats["genres"] @ w[5 + DIM:]
+                + params[bias].numpy()[0])
+    np.testing.assert_allclose(factors.apply(params, feats).numpy(), expected, rtol=1e-5,
+                               atol=1e-5)
+    via_hidden = tf.squeeze(factors.hidden(params, feats) @ params[kernel], -1) + params[bias]
+    np.testing.assert_allclose(factors.apply(params, feats).numpy(), via_hidden.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="item_factors needs item_features"):
+        MeLUTower([], ["age"], DIM, item_factors=True)
+
+
+def test_embedding_penalty_is_the_mean_squared_norm_of_the_real_rows():
+    rng = np.random.default_rng(5)
+    rows = {"a": rng.normal(size=(2, 3, DIM)).astype(np.float32),
+            "b": rng.normal(size=(2, 3, DIM)).astype(np.float32),
+            "c": rng.normal(size=(2, 3, DIM)).astype(np.float32)}
+    squares = (rows["a"] ** 2).sum(-1) + (rows["b"] ** 2).sum(-1)
+    np.testing.assert_allclose(embedding_penalty(rows, ["a", "b"]).numpy(), squares.mean(),
+                               rtol=1e-6)
+    mask = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+    np.testing.assert_allclose(embedding_penalty(rows, ["a", "b"], mask).numpy(),
+                               squares[mask > 0].mean(), rtol=1e-6)
+    assert float(embedding_penalty(rows, ["a"], np.zeros((2, 3), np.float32))) == 0.0
+
+
+def test_ctr_model_adds_the_embedding_penalty_in_training_only():
+    emb = ShardedHashEmbedding([TableConfig("t", DIM, optimizer=Adagrad(0.1))],
+                               [FeatureConfig("item_id", "t"), FeatureConfig("age", "t")])
+    tower = MeLUTower(["item_id"], ["age"], DIM, hidden_units=(4,))
+    model = CTRModel(emb, tower, RatingHead("rating", 3.0), embedding_l2=0.5)
+    batch = {"item_id": tf.constant([1, 2, 3], tf.int64), "age": tf.constant([7, 7, 8], tf.int64),
+             "rating": tf.constant([4.0, 2.0, 5.0])}
+    inputs = model.tower_inputs(batch, training=True)  # inserts the ids
+    plain = model._loss(batch, training=False).numpy()
+    penalty = embedding_penalty(inputs, ["item_id", "age"]).numpy()
+    assert penalty > 0
+    np.testing.assert_allclose(model._loss(batch, training=True).numpy(), plain + 0.5 * penalty,
+                               rtol=1e-5)
 
 
 @pytest.mark.parametrize("dense", [None, {"d": 3}], ids=["deepfm", "dlrm"])

@@ -82,6 +82,12 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
                                 "integer >= 0"),
     ("train.valid_resplits=0", "'train.valid_resplits' = 0 is not allowed: expected an "
                                "integer >= 1"),
+    ("train.embedding_l2=-0.1", "'train.embedding_l2' = -0.1 is not allowed: expected a number "
+                                ">= 0"),
+    ("train.baseline_embedding_l2=x", "'train.baseline_embedding_l2' = 'x' is not allowed: "
+                                      "expected a number"),
+    ("model.item_factors=true", "'model.item_factors' = True is not allowed: expected false "
+                                "unless tower 'melu' with item_features"),
 ])
 def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:
@@ -171,6 +177,17 @@ def test_ridge_adaptation_is_for_a_melu_rating_model():
     with pytest.raises(ConfigError, match="'meta.ridge' = -1.0 is not allowed: expected a "
                                           "number >= 0.0"):
         load_config("movielens", ["meta.ridge=-1"], tuned=False)
+
+
+def test_item_factors_and_embedding_penalties_reach_the_models():
+    from gmeta_tf.config import baseline_embedding_l2
+    from gmeta_tf.training.model_builder import make_tower
+    config = load_config("movielens", ["model.item_factors=true", "train.embedding_l2=0.01"],
+                         tuned=False)
+    assert make_tower(config.model, "t").item_factors and config.train.embedding_l2 == 0.01
+    assert baseline_embedding_l2(config) == 0.01  # the baseline's default: the model's
+    own = load_config("movielens", ["train.baseline_embedding_l2=0.1"], tuned=False)
+    assert (own.train.embedding_l2, baseline_embedding_l2(own)) == (0.0, 0.1)
 
 
 def test_a_feature_in_two_tables_is_rejected():

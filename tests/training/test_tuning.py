@@ -7,18 +7,20 @@ from gmeta_tf.config import load_config
 from gmeta_tf.training import tuning
 
 
-@pytest.mark.parametrize("overrides, ridge", [
-    ([], (0.0, 0.0)),
-    (["meta.ridge=10"], (10.0, 10.0)),                     # the baseline's default: meta's
-    (["meta.ridge=3", "eval.baseline_ridge=30"], (3.0, 30.0)),
+@pytest.mark.parametrize("overrides, ridge, l2", [
+    ([], (0.0, 0.0), (0.0, 0.0)),
+    (["meta.ridge=10", "train.embedding_l2=0.01"], (10.0, 10.0), (0.01, 0.01)),  # defaults
+    (["meta.ridge=3", "eval.baseline_ridge=30", "train.baseline_embedding_l2=0.1"],
+     (3.0, 30.0), (0.0, 0.1)),
 ])
-def test_the_pipelines_own_settings_are_a_point_of_each_space(overrides, ridge):
+def test_the_pipelines_own_settings_are_a_point_of_each_space(overrides, ridge, l2):
     config = load_config("movielens", overrides, tuned=False)
     meta = tuning._meta_space(optuna.trial.FixedTrial(tuning.pipeline_params("model", config)),
                               config)
     baseline = tuning._baseline_space(
         optuna.trial.FixedTrial(tuning.pipeline_params("baseline", config)), config)
     assert (meta["meta.ridge"], baseline["eval.baseline_ridge"]) == ridge
+    assert (meta["train.embedding_l2"], baseline["train.baseline_embedding_l2"]) == l2
     assert meta["meta.inner_steps"] == config.meta.inner_steps
     assert meta["meta.multi_step_loss"] == config.meta.multi_step_loss
     assert baseline["eval.baseline_steps"] == config.eval.baseline_steps
