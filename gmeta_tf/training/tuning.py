@@ -12,10 +12,12 @@ never read.
 
 Each study's first trial is the pipeline's own settings. A single trial's best
 validation score is noisy, and an unstable setting can win one run by luck, so the best
-``rechecks`` settings of each study are trained once more with other initial weights and
-another batch order (``model.seed`` and ``train.shuffle_seed`` + 1; re-check i pairs the
-meta model's i-th best with the baseline's i-th best, so both studies get the same number
-of re-checks) and each study's choice is the setting with the best mean of its two runs.
+``rechecks`` settings of each study, and the pipeline's own settings when they are not
+among them (the incumbent, ``recheck_picks``), are trained once more with other initial
+weights and another batch order (``model.seed`` and ``train.shuffle_seed`` + 1; re-check
+i pairs the meta model's i-th pick with the baseline's i-th, so both studies get the same
+number of re-checks) and each study's choice is the setting with the best mean of its
+two runs.
 A model whose loss is not finite stops training while the other trains on
 (``gmeta_tf.training.trainer``), so one study's diverging setting never costs the other
 study its trial.
@@ -263,7 +265,8 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         patience: Early-stopping patience of each trial, in evaluations.
         seed: Seed of the samplers.
         rechecks: How many of each study's best settings are trained again with other
-            seeds before choosing (0: choose on the single runs).
+            seeds before choosing, besides the pipeline's own (0: choose on the single
+            runs).
     """
     import optuna
 
@@ -339,12 +342,13 @@ def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root
              results: list[TrialResult], ranked: dict[str, list[int]], rechecks: int, np_: int,
              patience: int, metric: str) -> dict[tuple[str, int], list[float]]:
     """Trains each study's best settings again with other seeds: (study, trial) -> values."""
-    count = min([rechecks] + [len(r) for r in ranked.values()])
+    lists = recheck_picks(ranked, rechecks)
+    count = min([len(numbers) for numbers in lists.values()], default=0)
     seeds = [f"model.seed={config.model.seed + 1}",
              f"train.shuffle_seed={config.train.shuffle_seed + 1}"]
     out: dict[tuple[str, int], list[float]] = {}
     for i in range(count):
-        picks = {name: numbers[i] for name, numbers in ranked.items()}
+        picks = {name: numbers[i] for name, numbers in lists.items()}
         settings = {name: results[n].settings[name] for name, n in picks.items()}
         merged = {k: v for s in settings.values() for k, v in s.items()}
         log.info("re-check %d/%d with other seeds: %s", i + 1, count,
@@ -359,6 +363,27 @@ def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root
                  {n: round(v, 4) for n, v in values.items()})
         _write_trials(root / "trials.json", metric, results)
     return out
+
+
+def recheck_picks(ranked: dict[str, list[int]], rechecks: int) -> dict[str, list[int]]:
+    """The trials each study re-checks, in order: its ``rechecks`` best, then the
+    pipeline's own settings (trial 0, the incumbent) when they are not among them, so a
+    setting replaces them only on the mean of two runs against two, never on one lucky run
+    (a challenger must beat the incumbent on as many runs: SMAC's intensification, Hutter
+    et al. 2011). Re-check i trains the studies' i-th picks together, so a study with
+    fewer picks takes its next best trials: both get the same number of re-checks."""
+    if rechecks <= 0:
+        return {name: [] for name in ranked}
+    lists = {}
+    for name, numbers in ranked.items():
+        picks = list(numbers[:rechecks])
+        if 0 in numbers and 0 not in picks:
+            picks.append(0)
+        lists[name] = picks
+    count = max(len(p) for p in lists.values())
+    for name, picks in lists.items():
+        picks += [n for n in ranked[name] if n not in picks][:count - len(picks)]
+    return lists
 
 
 def _write_trials(path: Path, metric: str, results: list[TrialResult]) -> None:

@@ -51,3 +51,18 @@ def test_ridge_is_searched_only_where_it_applies():
     baseline = tuning._baseline_space(
         optuna.trial.FixedTrial(tuning.pipeline_params("baseline", config)), config)
     assert "meta.ridge" not in meta and "eval.baseline_ridge" not in baseline
+
+
+@pytest.mark.parametrize("ranked, rechecks, expected", [
+    ({"model": [0, 3, 1], "baseline": [2, 0, 1]}, 2, {"model": [0, 3], "baseline": [2, 0]}),
+    # the incumbent (trial 0) is re-checked too; the other study takes its next best
+    ({"model": [3, 1, 0], "baseline": [2, 0, 1]}, 2,
+     {"model": [3, 1, 0], "baseline": [2, 0, 1]}),
+    ({"model": [3, 1, 0, 2], "baseline": [2, 1, 0, 3]}, 1,
+     {"model": [3, 0], "baseline": [2, 0]}),
+    # trial 0 failed for the model: nothing to keep; a study with too few trials runs short
+    ({"model": [1], "baseline": [1, 0]}, 1, {"model": [1], "baseline": [1, 0]}),
+    ({"model": [1, 0], "baseline": [0, 1]}, 0, {"model": [], "baseline": []}),
+])
+def test_rechecks_take_each_studys_best_and_its_own_settings(ranked, rechecks, expected):
+    assert tuning.recheck_picks(ranked, rechecks) == expected
