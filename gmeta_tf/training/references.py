@@ -13,6 +13,12 @@ models' settings are:
 - ``<feature> mean + task offset`` (task data only): the above plus the task's mean
   residual on its support rows, ``sum(y - m) / (n + d_task)``: the classic bias model of a
   new user (item bias + user bias from the few rows the user gave).
+- ``matrix factorisation fold-in`` (ratings of tasks whose training rows carry their
+  ``task_id``): a biased matrix factorisation ``mean + b_item + b_task + p_task . q_item``
+  of the training rows by alternating least squares (``MF_FACTORS`` factors, L2 ``reg``);
+  a new task's bias and factor are the ridge fit (strength ``fold_in``) of its support
+  residuals on the item factors, the classic fold-in of a new user. ``reg`` and
+  ``fold_in`` are chosen on validation.
 - ``logistic regression`` (binary labels): one weight per (feature, id) of every sparse
   feature the tower reads and one per dense input, plus a bias; Adagrad on log loss with
   an L2 penalty chosen on validation, and as many epochs as validation log loss improves.
@@ -34,6 +40,11 @@ from gmeta_tf.meta import metrics
 log = logging.getLogger(__name__)
 DAMPINGS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
 L2_PENALTIES = (1e-6, 1e-5, 1e-4, 1e-3)
+MF_FACTORS = 32
+MF_REGS = (3.0, 10.0, 30.0)       # L2 of the factorisation's factors and biases
+MF_FOLD_IN = (1.0, 3.0, 10.0)     # ridge strength of a new task's factor and bias
+MF_SWEEPS = 6
+TASK_COLUMN = "task_id"
 _EPS = 1e-3
 
 
@@ -234,6 +245,97 @@ def fit_linear(data: ReferenceData, train: Mapping[str, np.ndarray],
 Predict = Callable[[Mapping], np.ndarray]
 
 
+class FactorModel:
+    """A biased matrix factorisation of ratings, fitted by alternating least squares:
+    ``mean + b_item + b_task + p_task . q_item`` with L2 ``reg`` on every factor and bias.
+    Only the items' part is kept: a new task is folded in from its own rows.
+
+    Args:
+        tasks, items, labels: The training rows.
+        factors: Factor width.
+        reg: L2 strength.
+        sweeps: Alternations (tasks' then items' least squares).
+        seed: Seeds the initial factors.
+    """
+
+    def __init__(self, tasks: np.ndarray, items: np.ndarray, labels: np.ndarray,
+                 factors: int = MF_FACTORS, reg: float = 10.0, sweeps: int = MF_SWEEPS,
+                 seed: int = 0):
+        self.keys, item_of = np.unique(items, return_inverse=True)
+        _, task_of = np.unique(tasks, return_inverse=True)
+        labels = np.asarray(labels, np.float64)
+        self.mean = float(labels.mean())
+        rng = np.random.default_rng(seed)
+        q = rng.normal(0.0, 0.1, (len(self.keys), factors))
+        b_item = np.zeros(len(self.keys))
+        p = np.zeros((task_of.max() + 1, factors))
+        b_task = np.zeros(len(p))
+        by_task = np.split(np.argsort(task_of, kind="stable"),
+                           np.cumsum(np.bincount(task_of))[:-1])
+        by_item = np.split(np.argsort(item_of, kind="stable"),
+                           np.cumsum(np.bincount(item_of, minlength=len(self.keys)))[:-1])
+        eye = reg * np.eye(factors + 1)
+        for _ in range(sweeps):
+            for t, rows in enumerate(by_task):
+                x = np.hstack([q[item_of[rows]], np.ones((len(rows), 1))])
+                w = np.linalg.solve(x.T @ x + eye,
+                                    x.T @ (labels[rows] - self.mean - b_item[item_of[rows]]))
+                p[t], b_task[t] = w[:-1], w[-1]
+            for i, rows in enumerate(by_item):
+                x = np.hstack([p[task_of[rows]], np.ones((len(rows), 1))])
+                w = np.linalg.solve(x.T @ x + eye,
+                                    x.T @ (labels[rows] - self.mean - b_task[task_of[rows]]))
+                q[i], b_item[i] = w[:-1], w[-1]
+        self.factors, self.biases = q, b_item
+
+    def _item(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Factors and biases of ``items`` (zero for an item not in training)."""
+        pos = np.clip(np.searchsorted(self.keys, items), 0, len(self.keys) - 1)
+        known = self.keys[pos] == items
+        return (np.where(known[..., None], self.factors[pos], 0.0),
+                np.where(known, self.biases[pos], 0.0))
+
+    def fold_in(self, items: np.ndarray, labels: np.ndarray, mask: np.ndarray,
+                query: np.ndarray, strength: float) -> np.ndarray:
+        """``[T, Q]`` query predictions of T new tasks from their support rows ``[T, S]``."""
+        q, b = self._item(items)
+        x = np.concatenate([q, np.ones(q.shape[:-1] + (1,))], axis=-1) * mask[..., None]
+        residual = (np.asarray(labels, np.float64) - self.mean - b) * mask
+        gram = np.einsum("tsi,tsj->tij", x, x) + strength * np.eye(x.shape[-1])
+        w = np.linalg.solve(gram, np.einsum("tsi,ts->ti", x, residual)[..., None])[..., 0]
+        qq, bq = self._item(query)
+        return self.mean + bq + np.einsum("tqi,ti->tq", qq, w[:, :-1]) + w[:, -1:]
+
+
+def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
+                      labels: np.ndarray, valid_batches: list[Mapping],
+                      valid_labels: np.ndarray, first: Callable, seed: int):
+    """The factorisation fold-in reference, ``reg`` and ``fold_in`` chosen on validation
+    (``loss_of``): ``(predict, settings)``."""
+    def predictor(model: FactorModel, strength: float) -> Predict:
+        def predict(batch: Mapping) -> np.ndarray:
+            batch = _first_slot(_numpy(batch), data)
+            support, query = batch["support"], batch["query"]
+            q = query[data.feature]
+            return model.fold_in(support[data.feature], support[data.label],
+                                 np.asarray(support["mask"], np.float64),
+                                 q if q.ndim == 2 else q[..., 0], strength)
+        return predict
+
+    best = None
+    for reg in MF_REGS:
+        model = FactorModel(np.asarray(train[TASK_COLUMN]), first(train[data.feature]),
+                            labels, reg=reg, seed=seed)
+        for strength in MF_FOLD_IN:
+            fn = predictor(model, strength)
+            preds = np.concatenate([fn(b)[np.asarray(b["query"]["mask"]) > 0]
+                                    for b in valid_batches])
+            loss = loss_of(data.kind, valid_labels, preds)
+            if best is None or loss < best[0]:
+                best = (loss, fn, {"factors": MF_FACTORS, "reg": reg, "fold_in": strength})
+    return best[1], best[2]
+
+
 @dataclasses.dataclass
 class References:
     """The fitted reference predictors (name -> predict function) and the settings each
@@ -268,7 +370,10 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         seed: Seeds the linear model's batch order.
     """
     names = {data.label, *data.candidates, *data.sparse, *data.dense}
-    train = rows_of(train_batches, names)
+    train_batches = list(train_batches)
+    factorise = (tasks and data.kind == "rating" and bool(train_batches)
+                 and TASK_COLUMN in train_batches[0] and "support" not in train_batches[0])
+    train = rows_of(train_batches, names | ({TASK_COLUMN} if factorise else set()))
     labels = np.asarray(train[data.label], np.float64)
     if not len(labels):
         raise ValueError("fit_references: the training split has no rows")
@@ -316,6 +421,10 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         predictors[f"{data.feature} mean + task offset"] = offset_predict(d_task)
         chosen[f"{data.feature} mean + task offset"] = {"damping": item.damping,
                                                          "task_damping": d_task}
+        if factorise:
+            name = "matrix factorisation fold-in"
+            predictors[name], chosen[name] = _fit_factor_model(
+                data, train, labels, valid_batches, valid_labels, first, seed)
     if data.kind == "binary":
         model, settings = fit_linear(data, train, valid_rows, seed=seed)
         predictors["logistic regression"] = _task_predict(model.predict_rows)

@@ -86,6 +86,7 @@ def test_training_ran_on_two_ranks_and_eval_compares_with_the_baseline(ratings_r
     result = json.loads(Path(config.run_dir, "eval", "cold.json").read_text())
     names = [r["name"] for r in result["rows"]]
     assert names[0].startswith("meta (maml") and any(n.startswith("baseline") for n in names)
+    assert "reference: matrix factorisation fold-in" in names  # ratings of tasks
     for row in result["rows"]:
         assert 0.0 <= row["auc"] <= 1.0 and row["mae"] > 0 and row["tasks"] > 0
 

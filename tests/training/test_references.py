@@ -102,3 +102,49 @@ def test_references_refuse_an_empty_training_split(kind):
     data = ReferenceData(kind, "y", ("item",), ("item",))
     with pytest.raises(ValueError, match="no rows"):
         fit_references(data, [], [], tasks=False)
+
+
+def test_factorisation_fold_in_learns_the_tasks_tastes_the_offset_model_cannot():
+    """Ratings ``3 + u_t . v_i`` with two taste groups: the item mean and a task's offset
+    miss the taste, the factorisation's fold-in of a new task's support rows finds it.
+    Rows carry their task (as the training split's row batches do)."""
+    rng = np.random.default_rng(0)
+    items = np.arange(40)
+    v = rng.choice([-1.0, 1.0], size=(40, 2))
+    def ratings(u, it):
+        return 3.0 + v[it] @ u
+    tasks, rated, ys = [], [], []
+    for t in range(120):
+        u = np.array([1.0, 0.0]) if t % 2 else np.array([0.0, 1.0])
+        seen = rng.choice(items, 20, replace=False)
+        tasks += [t] * 20
+        rated += list(seen)
+        ys += list(ratings(u, seen))
+    train = [{"task_id": np.array(tasks), "item": np.array(rated), "y": np.array(ys)}]
+
+    def batch(users):
+        support, query = [], []
+        for u in users:
+            seen = rng.choice(items, 14, replace=False)
+            support.append(seen[:10])
+            query.append(seen[10:])
+        support, query = np.array(support), np.array(query)
+        su = np.array([ratings(u, s) for u, s in zip(users, support)])
+        qu = np.array([ratings(u, q) for u, q in zip(users, query)])
+        return _task_batch(support, su, query, qu)
+
+    groups = [np.array([1.0, 0.0]), np.array([0.0, 1.0])]
+    valid = [batch([groups[i % 2] for i in range(8)])]
+    test = batch([groups[i % 2] for i in range(8)])
+    data = ReferenceData("rating", "y", ("item",), ("item",))
+    refs = fit_references(data, train, valid, tasks=True)
+    name = "matrix factorisation fold-in"
+    assert set(refs.chosen[name]) == {"factors", "reg", "fold_in"}
+    truth = test["query"]["y"]
+    mf = np.abs(refs.predictors[name](test) - truth).mean()
+    offset = np.abs(refs.predictors["item mean + task offset"](test) - truth).mean()
+    assert mf < 0.25 and mf < 0.5 * offset
+    # Without task ids on the training rows (or for clicks) there is no such reference.
+    plain = fit_references(data, [{k: w for k, w in train[0].items() if k != "task_id"}],
+                           valid, tasks=True)
+    assert name not in plain.predictors
