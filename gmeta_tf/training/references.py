@@ -30,11 +30,13 @@ predictions, or a row batch to ``[B]``, like the models' predict functions.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.meta import metrics
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,6 @@ MF_FACTORS = 32
 MF_REGS = (3.0, 10.0, 30.0)       # L2 of the factorisation's factors and biases
 MF_FOLD_IN = (1.0, 3.0, 10.0)     # ridge strength of a new task's factor and bias
 MF_SWEEPS = 6
-TASK_COLUMN = "task_id"
 _EPS = 1e-3
 
 
@@ -245,6 +246,18 @@ def fit_linear(data: ReferenceData, train: Mapping[str, np.ndarray],
 Predict = Callable[[Mapping], np.ndarray]
 
 
+def _ridge_per_group(groups: list[np.ndarray], factors: np.ndarray, targets: np.ndarray,
+                     penalty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One side's half-step of alternating least squares: for every group of rows, the
+    ridge fit of ``targets`` on ``[factors, 1]`` (the other side's factors of each row):
+    ``(factors [G, f], biases [G])``."""
+    out = np.zeros((len(groups), penalty.shape[0]))
+    for g, rows in enumerate(groups):
+        x = np.hstack([factors[rows], np.ones((len(rows), 1))])
+        out[g] = np.linalg.solve(x.T @ x + penalty, x.T @ targets[rows])
+    return out[:, :-1], out[:, -1]
+
+
 class FactorModel:
     """A biased matrix factorisation of ratings, fitted by alternating least squares:
     ``mean + b_item + b_task + p_task . q_item`` with L2 ``reg`` on every factor and bias.
@@ -268,24 +281,15 @@ class FactorModel:
         rng = np.random.default_rng(seed)
         q = rng.normal(0.0, 0.1, (len(self.keys), factors))
         b_item = np.zeros(len(self.keys))
-        p = np.zeros((task_of.max() + 1, factors))
-        b_task = np.zeros(len(p))
         by_task = np.split(np.argsort(task_of, kind="stable"),
                            np.cumsum(np.bincount(task_of))[:-1])
         by_item = np.split(np.argsort(item_of, kind="stable"),
                            np.cumsum(np.bincount(item_of, minlength=len(self.keys)))[:-1])
         eye = reg * np.eye(factors + 1)
+        targets = labels - self.mean
         for _ in range(sweeps):
-            for t, rows in enumerate(by_task):
-                x = np.hstack([q[item_of[rows]], np.ones((len(rows), 1))])
-                w = np.linalg.solve(x.T @ x + eye,
-                                    x.T @ (labels[rows] - self.mean - b_item[item_of[rows]]))
-                p[t], b_task[t] = w[:-1], w[-1]
-            for i, rows in enumerate(by_item):
-                x = np.hstack([p[task_of[rows]], np.ones((len(rows), 1))])
-                w = np.linalg.solve(x.T @ x + eye,
-                                    x.T @ (labels[rows] - self.mean - b_task[task_of[rows]]))
-                q[i], b_item[i] = w[:-1], w[-1]
+            p, b_task = _ridge_per_group(by_task, q[item_of], targets - b_item[item_of], eye)
+            q, b_item = _ridge_per_group(by_item, p[task_of], targets - b_task[task_of], eye)
         self.factors, self.biases = q, b_item
 
     def _item(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,30 +311,34 @@ class FactorModel:
         return self.mean + bq + np.einsum("tqi,ti->tq", qq, w[:, :-1]) + w[:, -1:]
 
 
+def _query_loss(predict: Predict, valid_batches: list[Mapping], valid_labels: np.ndarray,
+                kind: str) -> float:
+    """``loss_of`` a task predictor on the real query rows of the validation batches."""
+    preds = np.concatenate([predict(b)[np.asarray(b["query"]["mask"]) > 0]
+                            for b in valid_batches])
+    return loss_of(kind, valid_labels, preds)
+
+
 def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
                       labels: np.ndarray, valid_batches: list[Mapping],
-                      valid_labels: np.ndarray, first: Callable, seed: int):
+                      valid_labels: np.ndarray, items: np.ndarray, seed: int):
     """The factorisation fold-in reference, ``reg`` and ``fold_in`` chosen on validation
-    (``loss_of``): ``(predict, settings)``."""
+    (``loss_of``): ``(predict, settings)``. ``items``: the training rows' reference ids."""
     def predictor(model: FactorModel, strength: float) -> Predict:
         def predict(batch: Mapping) -> np.ndarray:
             batch = _first_slot(_numpy(batch), data)
-            support, query = batch["support"], batch["query"]
-            q = query[data.feature]
+            support = batch["support"]
             return model.fold_in(support[data.feature], support[data.label],
                                  np.asarray(support["mask"], np.float64),
-                                 q if q.ndim == 2 else q[..., 0], strength)
+                                 batch["query"][data.feature], strength)
         return predict
 
     best = None
     for reg in MF_REGS:
-        model = FactorModel(np.asarray(train[TASK_COLUMN]), first(train[data.feature]),
-                            labels, reg=reg, seed=seed)
+        model = FactorModel(np.asarray(train[TASK_COLUMN]), items, labels, reg=reg, seed=seed)
         for strength in MF_FOLD_IN:
             fn = predictor(model, strength)
-            preds = np.concatenate([fn(b)[np.asarray(b["query"]["mask"]) > 0]
-                                    for b in valid_batches])
-            loss = loss_of(data.kind, valid_labels, preds)
+            loss = _query_loss(fn, valid_batches, valid_labels, data.kind)
             if best is None or loss < best[0]:
                 best = (loss, fn, {"factors": MF_FACTORS, "reg": reg, "fold_in": strength})
     return best[1], best[2]
@@ -370,10 +378,12 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         seed: Seeds the linear model's batch order.
     """
     names = {data.label, *data.candidates, *data.sparse, *data.dense}
-    train_batches = list(train_batches)
-    factorise = (tasks and data.kind == "rating" and bool(train_batches)
-                 and TASK_COLUMN in train_batches[0] and "support" not in train_batches[0])
-    train = rows_of(train_batches, names | ({TASK_COLUMN} if factorise else set()))
+    batches = iter(train_batches)
+    head = next(batches, None)  # the first batch says whether rows carry their task
+    factorise = (tasks and data.kind == "rating" and head is not None
+                 and TASK_COLUMN in head and "support" not in head)
+    train = rows_of(itertools.chain([] if head is None else [head], batches),
+                    names | ({TASK_COLUMN} if factorise else set()))
     labels = np.asarray(train[data.label], np.float64)
     if not len(labels):
         raise ValueError("fit_references: the training split has no rows")
@@ -404,19 +414,13 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
     if tasks:
         def offset_predict(damping: float) -> Predict:
             def predict(batch: Mapping) -> np.ndarray:
-                batch = _numpy(batch)
-                query = batch["query"][data.feature]
-                q = query if query.ndim == 2 else query[..., 0]
-                return _clip(data.kind, item(q) + _task_offset(item, _first_slot(batch, data),
-                                                               data, damping))
+                batch = _first_slot(_numpy(batch), data)
+                return _clip(data.kind, item(batch["query"][data.feature])
+                             + _task_offset(item, batch, data, damping))
             return predict
 
-        offset_losses = {}
-        for d in DAMPINGS:
-            fn = offset_predict(d)
-            preds = np.concatenate([fn(b)[np.asarray(b["query"]["mask"]) > 0]
-                                    for b in valid_batches])
-            offset_losses[d] = loss_of(data.kind, valid_labels, preds)
+        offset_losses = {d: _query_loss(offset_predict(d), valid_batches, valid_labels,
+                                        data.kind) for d in DAMPINGS}
         d_task = min(offset_losses, key=offset_losses.get)
         predictors[f"{data.feature} mean + task offset"] = offset_predict(d_task)
         chosen[f"{data.feature} mean + task offset"] = {"damping": item.damping,
@@ -424,7 +428,8 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         if factorise:
             name = "matrix factorisation fold-in"
             predictors[name], chosen[name] = _fit_factor_model(
-                data, train, labels, valid_batches, valid_labels, first, seed)
+                data, train, labels, valid_batches, valid_labels, first(train[data.feature]),
+                seed)
     if data.kind == "binary":
         model, settings = fit_linear(data, train, valid_rows, seed=seed)
         predictors["logistic regression"] = _task_predict(model.predict_rows)
@@ -440,12 +445,14 @@ def _numpy(batch: Mapping) -> dict:
 
 
 def _first_slot(batch: dict, data: ReferenceData) -> dict:
-    """The support rows with the reference feature reduced to its first slot."""
-    support = dict(batch["support"])
-    v = support[data.feature]
-    if v.ndim == 3:
-        support[data.feature] = v[..., 0]
-    return {**batch, "support": support}
+    """The support and query rows with the reference feature reduced to its first slot."""
+    out = dict(batch)
+    for role in ("support", "query"):
+        rows = dict(batch[role])
+        if rows[data.feature].ndim == 3:
+            rows[data.feature] = rows[data.feature][..., 0]
+        out[role] = rows
+    return out
 
 
 def query_rows(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
