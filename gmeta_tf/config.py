@@ -143,11 +143,19 @@ class PriorSection:
     scores the validation query rows best). With ``folds`` K > 1 a training row reads the
     prior fitted without the tasks of its fold (``task_id mod K``), so it never counts its
     own label, as a new task's rows are never counted (1: every row reads the prior of
-    all training rows, its own label included)."""
+    all training rows, its own label included).
+
+    With ``factors`` F > 0 (MeLU, rating head) the prior is a biased matrix factorisation
+    of the training split (alternating least squares, F factors): each value's bias is its
+    prior and its factor vector is read by MeLU's output layer, so adapting that layer per
+    user folds the user in; ``damping`` is then the factorisation's L2 strength (None:
+    chosen on the validation split by the fold-in's loss, from
+    ``references.MF_REGS``)."""
 
     feature: str = ""
     damping: float | None = field(None, min=0.0)
     folds: int = field(5, min=1)
+    factors: int = field(0, min=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -678,6 +686,11 @@ def check_consistency(config: PipelineConfig) -> None:
     if model.prior is not None and model.prior.feature not in tower_sparse:
         raise _fail("model.prior.feature", model.prior.feature,
                     f"a sparse feature of the tower ({list(tower_sparse)})")
+    if (model.prior is not None and model.prior.factors
+            and not (model.tower == "melu" and model.head.kind == "rating")):
+        raise _fail("model.prior.factors", model.prior.factors,
+                    f"0 for tower '{model.tower}' with a '{model.head.kind}' head (the "
+                    f"factorisation is of ratings, read by MeLU's output layer)")
     for f in config.meta.adapt_embeddings:
         if f not in tower_sparse:
             raise _fail("meta.adapt_embeddings", list(config.meta.adapt_embeddings),

@@ -26,9 +26,19 @@ the bias model keeps its item means; the adapted output bias is then the task's 
 and the adapted ``scale`` (a tower weight, ``Tower.PRIOR_SCALE``, starting at 1) how far
 the task follows the items' means.
 
+With ``factors`` F > 0 (ratings) the prior is a biased matrix factorisation of the
+training split instead, fitted by alternating least squares (``references.FactorModel``):
+each value's bias (its prior, as above) and a factor vector of width F, which MeLU's
+output layer reads beside its last hidden layer (``PRIOR_FACTORS``). Adapting that layer
+per user (inner steps, or the ridge solve of ``meta.ridge``) is then the fold-in of a new
+user's factor against the items' fixed factors, the matrix-factorisation reference made
+a part of the tower, with the MLP beside it to learn what the factorisation misses. Out
+of fold as the means are: a training row reads factors fitted without its fold's tasks.
+
 The table is variables (the values' ids, sorted; their priors plus a last 0 for unknown
-ids; with folds, the out-of-fold priors) read with stock ops (``lookup_sorted``), so it
-lives in checkpoints and in the exported SavedModel as the dense weights do.
+ids; with folds, the out-of-fold priors; with factors, their rows likewise) read with
+stock ops (``lookup_sorted``), so it lives in checkpoints and in the exported SavedModel
+as the dense weights do.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ import tensorflow as tf
 
 #: The tower input that carries each row's prior (``Tower.raw_inputs``).
 PRIOR_INPUT = "label_prior"
+#: The tower input that carries each row's prior factors (``factors`` > 0).
+PRIOR_FACTORS = "label_prior_factors"
 _EPS = 1e-3
 
 
@@ -75,6 +87,7 @@ class LabelPrior(tf.Module):
         kind: The head's kind, "binary" or "rating".
         folds: K, the folds of training tasks whose rows read out-of-fold priors (1: every
             row reads the prior of all training rows, its own label included).
+        factors: F, the width of each value's factor vector (0: a mean label only).
 
     Example::
 
@@ -83,13 +96,18 @@ class LabelPrior(tf.Module):
         prior(tf.constant([[3, 8]]))      # [[0.4, 0.0]]
     """
 
-    def __init__(self, feature: str, kind: str, folds: int = 1, name: str = "label_prior"):
+    def __init__(self, feature: str, kind: str, folds: int = 1, factors: int = 0,
+                 name: str = "label_prior"):
         super().__init__(name=name)
         if kind not in ("binary", "rating"):
             raise ValueError(f"LabelPrior: kind={kind!r}, expected 'binary' or 'rating'")
-        if not isinstance(folds, int) or isinstance(folds, bool) or folds < 1:
-            raise ValueError(f"LabelPrior: folds={folds!r}, expected an int >= 1")
-        self.feature, self.kind, self.folds = feature, kind, folds
+        for key, value, least in (("folds", folds, 1), ("factors", factors, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"LabelPrior: {key}={value!r}, expected an int >= {least}")
+        if factors and kind != "rating":
+            raise ValueError(f"LabelPrior: factors={factors} with kind {kind!r}, expected "
+                             f"0 (the factorisation is of ratings)")
+        self.feature, self.kind, self.folds, self.factors = feature, kind, folds, factors
         with self.name_scope:
             self.ids = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]),
                                    trainable=False, name="ids")
@@ -100,17 +118,31 @@ class LabelPrior(tf.Module):
                                            trainable=False, name="fold_values")
             # The damping it was fitted with; -1 before it is fitted.
             self.damping = tf.Variable(-1.0, trainable=False, name="damping")
+            if factors:  # [n + 1, F] and [folds, n + 1, F] (folds > 1), last row 0
+                self.factor_rows = tf.Variable(
+                    tf.zeros([1, factors]), shape=tf.TensorShape([None, factors]),
+                    trainable=False, name="factor_rows")
+                self.fold_factor_rows = tf.Variable(
+                    tf.zeros([0, 1, factors]), shape=tf.TensorShape([None, None, factors]),
+                    trainable=False, name="fold_factor_rows")
 
     @property
     def fitted(self) -> bool:
         """Fitted, out-of-fold priors included (a checkpoint from before them is not)."""
-        return (float(self.damping.numpy()) >= 0.0
-                and (self.folds == 1 or int(tf.shape(self.fold_values)[0]) == self.folds))
+        fitted = (float(self.damping.numpy()) >= 0.0
+                  and (self.folds == 1 or int(tf.shape(self.fold_values)[0]) == self.folds))
+        if fitted and self.factors:
+            fitted = (int(tf.shape(self.factor_rows)[0]) == int(tf.shape(self.values)[0])
+                      and (self.folds == 1
+                           or int(tf.shape(self.fold_factor_rows)[0]) == self.folds))
+        return fitted
 
     def assign(self, ids: np.ndarray, priors: np.ndarray, damping: float,
-               fold_priors: np.ndarray | None = None) -> None:
+               fold_priors: np.ndarray | None = None, factors: np.ndarray | None = None,
+               fold_factors: np.ndarray | None = None) -> None:
         """Sets the prior of each id (any order; ids must be distinct) and, with folds,
-        ``fold_priors [folds, n]``: each id's prior fitted without fold k's tasks."""
+        ``fold_priors [folds, n]``: each id's prior fitted without fold k's tasks; with
+        ``factors`` F > 0, also ``factors [n, F]`` and (folds) ``fold_factors [folds, n, F]``."""
         ids = np.asarray(ids, np.int64)
         order = np.argsort(ids, kind="stable")
         ids, priors = ids[order], np.asarray(priors, np.float32)[order]
@@ -126,10 +158,37 @@ class LabelPrior(tf.Module):
             folded = np.concatenate([folded, np.zeros((self.folds, 1), np.float32)], axis=1)
         if not (np.all(np.isfinite(priors)) and np.all(np.isfinite(folded))):
             raise ValueError(f"LabelPrior({self.feature!r}): non-finite priors")
+        if self.factors:
+            rows, fold_rows = self._factor_rows(order, factors, fold_factors)
         self.ids.assign(ids)
         self.values.assign(np.concatenate([priors, np.zeros(1, np.float32)]))
         self.fold_values.assign(folded)
+        if self.factors:
+            self.factor_rows.assign(rows)
+            self.fold_factor_rows.assign(fold_rows)
         self.damping.assign(float(damping))
+
+    def _factor_rows(self, order: np.ndarray, factors, fold_factors):
+        """The factor variables' values, in ``order`` with the unknown id's zero row."""
+        n, f = len(order), self.factors
+        checks = [("factors", factors, (n, f))]
+        if self.folds > 1:
+            checks.append(("fold_factors", fold_factors, (self.folds, n, f)))
+        for key, value, shape in checks:
+            if value is None or np.shape(value) != shape:
+                raise ValueError(f"LabelPrior({self.feature!r}): {key} of shape "
+                                 f"{None if value is None else np.shape(value)}, expected "
+                                 f"{shape}")
+            if not np.all(np.isfinite(value)):
+                raise ValueError(f"LabelPrior({self.feature!r}): non-finite {key}")
+        rows = np.concatenate([np.asarray(factors, np.float32)[order],
+                               np.zeros((1, f), np.float32)])
+        fold_rows = np.zeros((0, 1, f), np.float32)
+        if self.folds > 1:
+            fold_rows = np.concatenate([np.asarray(fold_factors, np.float32)[:, order],
+                                        np.zeros((self.folds, 1, f), np.float32)], axis=1)
+        return rows, fold_rows
+
 
     def set_means(self, ids: np.ndarray, means: np.ndarray, global_mean: float,
                   damping: float, fold_means: np.ndarray | None = None) -> None:
@@ -159,3 +218,15 @@ class LabelPrior(tf.Module):
             at = tf.stack([folds, sorted_positions(self.ids, flat_ids)], axis=1)
             flat = tf.gather_nd(self.fold_values, at)
         return tf.reshape(flat, tf.shape(ids))
+
+    def factors_of(self, ids: tf.Tensor, task_ids: tf.Tensor | None = None) -> tf.Tensor:
+        """The factor vector of every id, ``ids``' shape + ``[F]`` (``factors`` > 0);
+        ``task_ids`` as in ``__call__``."""
+        ids = tf.convert_to_tensor(ids)
+        positions = sorted_positions(self.ids, tf.reshape(ids, [-1]))
+        if task_ids is None or self.folds == 1:
+            flat = tf.gather(self.factor_rows, positions)
+        else:
+            folds = tf.reshape(self.fold_of(tf.broadcast_to(task_ids, tf.shape(ids))), [-1])
+            flat = tf.gather_nd(self.fold_factor_rows, tf.stack([folds, positions], axis=1))
+        return tf.reshape(flat, tf.concat([tf.shape(ids), [self.factors]], 0))

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from gmeta_tf.models.dense_stack import (Params, add_dense_stack, apply_dense_stack, dense,
                                          layer_names)
+from gmeta_tf.models.label_prior import PRIOR_FACTORS
 from gmeta_tf.models.tower import Tower
 
 
@@ -36,6 +37,11 @@ class MeLUTower(Tower):
     the fold-in of a matrix factorisation (user factor . item factor), which an MLP over
     ``concat(embeddings, context)`` learns only roughly; a model trained through the
     adaptation (MAML) learns item embeddings that such a fold-in can use.
+
+    A label prior with factors (``LabelPrior``, ``factors`` > 0) puts the row's fixed
+    factor vector beside them in the same way: ``out = h . w_h + q_item . w_q + b``, so
+    the adapted ``w_q`` is a new user's factor folded in against the factorisation's
+    items, which need no training.
 
     Args:
         item_features: Embedded item feature names (e.g. item_id, genres, year).
@@ -74,16 +80,27 @@ class MeLUTower(Tower):
             params["context"] = self.add_weight(name="context", shape=[self.context_dim],
                                                 initializer="zeros")
         width = self.embedding_dim * len(self.sparse_features) + self.context_dim
-        if not self.item_factors:
+        if not self._skip_width:
             params.update(add_dense_stack(self, "mlp", width, (*self.hidden_units, 1), self.seed))
             return params
         params.update(add_dense_stack(self, "mlp", width, self.hidden_units, self.seed))
         kernel, bias = self.output_layer  # reads the last hidden layer and the item vectors
-        fan_in = self.hidden_units[-1] + self.embedding_dim * len(self.item_features)
+        fan_in = self.hidden_units[-1] + self._skip_width
         init = tf.keras.initializers.GlorotUniform(seed=self.seed * 1000 + len(self.hidden_units))
         params[kernel] = self.add_weight(name=kernel, shape=[fan_in, 1], initializer=init)
         params[bias] = self.add_weight(name=bias, shape=[1], initializer="zeros")
         return params
+
+    @property
+    def _prior_factors(self) -> int:
+        return self.prior.factors if self.prior is not None else 0
+
+    @property
+    def _skip_width(self) -> int:
+        """Width of what the output layer reads beside the last hidden layer: the item
+        embeddings (``item_factors``) and the prior's factors."""
+        items = self.embedding_dim * len(self.item_features) if self.item_factors else 0
+        return items + self._prior_factors
 
     @property
     def output_layer(self) -> tuple[str, str]:
@@ -99,10 +116,13 @@ class MeLUTower(Tower):
             shape = tf.concat([tf.shape(x)[:-1], [self.context_dim]], axis=0)
             x = tf.concat([x, tf.broadcast_to(context, shape)], axis=-1)
         h = apply_dense_stack(params, "mlp", len(self.hidden_units), x)
-        if not self.item_factors:
+        if not self._skip_width:
             return h
-        items = vectors[:len(self.item_features)]  # sparse_features: item features first
-        return tf.concat([h, *items], axis=-1)
+        # sparse_features: item features first
+        skip = list(vectors[:len(self.item_features)]) if self.item_factors else []
+        if self._prior_factors:
+            skip.append(features[PRIOR_FACTORS])
+        return tf.concat([h, *skip], axis=-1)
 
     def apply(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         kernel, bias = self.output_layer

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 import tensorflow as tf
 
 from gmeta_tf.models.dense_stack import Params
-from gmeta_tf.models.label_prior import PRIOR_INPUT, LabelPrior
+from gmeta_tf.models.label_prior import PRIOR_FACTORS, PRIOR_INPUT, LabelPrior
 
 #: The tower weight that scales the label prior (with ``prior``).
 PRIOR_SCALE = "prior/scale"
@@ -128,10 +128,14 @@ class Tower(tf.keras.layers.Layer):
         """What the tower reads besides the embedded rows, from a batch's raw features
         (``[...]`` ids and values): its dense features, and the rows' prior.
         ``training_tasks``: for training rows, their task ids (broadcastable to the
-        features' ``[...]``), so that each reads its out-of-fold prior (``LabelPrior``)."""
+        features' ``[...]``), so that each reads its out-of-fold prior (``LabelPrior``);
+        with prior factors, also the rows' factor vectors ``[..., F]`` (``PRIOR_FACTORS``)."""
         out = {n: features[n] for n in self.dense_features}
         if self.prior is not None:
-            out[PRIOR_INPUT] = self.prior(features[self.prior.feature], training_tasks)
+            ids = features[self.prior.feature]
+            out[PRIOR_INPUT] = self.prior(ids, training_tasks)
+            if self.prior.factors:
+                out[PRIOR_FACTORS] = self.prior.factors_of(ids, training_tasks)
         return out
 
     def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:

@@ -18,7 +18,7 @@ from gmeta_tf.embedding.id_salt import feature_salt
 from gmeta_tf.meta import MetaModel
 from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, Head, LabelPrior, MeLUTower,
                              RatingHead)
-from gmeta_tf.models.label_prior import PRIOR_INPUT
+from gmeta_tf.models.label_prior import PRIOR_FACTORS, PRIOR_INPUT
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.devices import Placement
 
@@ -78,10 +78,11 @@ def _check_features(model: ModelConfig, schema: meta_io.Schema) -> None:
         raise ConfigError(f"config key 'model.prior.feature' = {prior.feature!r} is not allowed: "
                           f"expected a single-valued sparse feature of the dataset, one of "
                           f"{_of_kind(schema, 'sparse')}")
-    if prior is not None and PRIOR_INPUT in model.dense_features:
-        raise ConfigError(f"config key 'model.dense_features.{PRIOR_INPUT}' is not allowed with "
-                          f"'model.prior': the towers read the prior under that name; rename "
-                          f"the column when converting the data")
+    for name in (PRIOR_INPUT, PRIOR_FACTORS):
+        if prior is not None and name in model.dense_features:
+            raise ConfigError(f"config key 'model.dense_features.{name}' is not allowed with "
+                              f"'model.prior': the towers read the prior under that name; "
+                              f"rename the column when converting the data")
     labels = _of_kind(schema, "label")
     if model.head.label not in labels:
         raise ConfigError(f"config key 'model.head.label' = {model.head.label!r} is not "
@@ -171,8 +172,9 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
                               if with_baseline else None)
     with tf.device(placement.dense):
         # One label prior, read by both towers.
-        prior = (LabelPrior(config.model.prior.feature, head.kind, config.model.prior.folds)
-                 if config.model.prior is not None else None)
+        p = config.model.prior
+        prior = (LabelPrior(p.feature, head.kind, p.folds, p.factors) if p is not None
+                 else None)
         tower = make_tower(config.model, "tower", prior)
         try:
             if config.meta.enabled:

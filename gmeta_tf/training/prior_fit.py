@@ -9,6 +9,15 @@ other folds). The damping, unless configured, is the one of ``references.DAMPING
 whole prior alone (the global mean plus it) has the lowest loss on the validation split's
 query rows (its rows, for a plain CTR model): the choice the item-mean reference makes,
 from each rank's loss on its own shard, summed.
+
+A prior with factors (``model.prior.factors``) is a matrix factorisation instead, fitted
+by alternating least squares on the training rows of every rank (each rank's rows of the
+feature, label and task are gathered; the rows, not the table, cross the network, so it
+suits ratings of a few million rows). Its L2 strength, unless configured, is the one of
+``references.MF_REGS`` whose fold-in (each validation task's bias and factor the ridge
+fit of its support rows at that strength) has the lowest loss on the validation tasks'
+query rows, each rank scoring its own. Every rank fits the same rows in the same order;
+rank 0's result is then broadcast so the ranks' priors are equal to the bit.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ from gmeta_tf import distributed
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.label_prior import LabelPrior
-from gmeta_tf.training.references import DAMPINGS, FeatureMean, loss_of, query_rows, rows_of
+from gmeta_tf.training.references import (DAMPINGS, MF_REGS, FactorModel, FeatureMean,
+                                          loss_of, query_rows, rows_of)
 
 log = logging.getLogger(__name__)
 _ROWS_PER_READ = 4096
@@ -77,10 +87,102 @@ def _validation_losses(kind: str, mean: FeatureMean, valid: dict[str, np.ndarray
             int(total))
 
 
+def _validation_tasks(config: PipelineConfig, names: list[str]) -> list:
+    """This rank's shard of the validation split's task batches (support and query)."""
+    d = config.data
+    split = config.train.validation_split
+    try:
+        dataset = meta_io.TaskDataset(d.path, split, reader=d.reader, features=names,
+                                      verify="size")
+        return [{role: {k: np.asarray(v) for k, v in batch[role].items()}
+                 for role in ("support", "query")}
+                for batch in dataset.tasks(config.eval.tasks_per_batch, None, None,
+                                           equal_steps=False)]
+    except meta_io.DataError as err:
+        raise ConfigError(f"config key 'model.prior.damping' = None is not allowed without "
+                          f"a validation split to choose the factorisation's L2 on ({err}): "
+                          f"set one, e.g. 10") from err
+
+
+def _fold_in_losses(model_of: dict, valid: list, feature: str, label: str
+                    ) -> tuple[dict[float, float], int]:
+    """Each L2 strength's fold-in loss (mean absolute error) over every rank's validation
+    query rows, and how many rows that is."""
+    n = sum(int((np.asarray(b["query"]["mask"]) > 0).sum()) for b in valid)
+    sums = []
+    for reg, model in model_of.items():
+        total = 0.0
+        for batch in valid:
+            s, q = batch["support"], batch["query"]
+            ids = [np.asarray(r[feature]).reshape(np.shape(r["mask"])) for r in (s, q)]
+            pred = model.fold_in(ids[0], s[label], np.asarray(s["mask"], np.float64), ids[1],
+                                 reg)
+            real = np.asarray(q["mask"]) > 0
+            total += float(np.abs(pred[real] - np.asarray(q[label], np.float64)[real]).sum())
+        sums.append(total)
+    *sums, rows = distributed.sum_over_ranks(np.array(sums + [n], np.float64))
+    return ({r: float(s / rows) for r, s in zip(model_of, sums)} if rows else {}, int(rows))
+
+
+def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
+                 ) -> dict[float, float]:
+    """Fits a prior with factors (see the module docstring); returns each L2 strength's
+    validation loss (empty when ``model.prior.damping`` is set)."""
+    label, feature = config.model.head.label, prior.feature
+    tasks, items = (distributed.allgather(np.asarray(train[k]).astype(np.int64))
+                    for k in (TASK_COLUMN, feature))
+    labels = distributed.allgather(np.asarray(train[label], np.float64))
+    if not len(labels):
+        raise ConfigError(f"config key 'model.prior.factors' = {prior.factors} is not "
+                          f"allowed: the training split has no rows to factorise")
+
+    def fit(rows, reg):
+        return FactorModel(tasks[rows], items[rows], labels[rows], factors=prior.factors,
+                           reg=reg)
+
+    every = np.ones(len(labels), bool)
+    reg, losses = config.model.prior.damping, {}
+    if reg is None:
+        models = {r: fit(every, r) for r in MF_REGS}
+        losses, rows = _fold_in_losses(models, _validation_tasks(config, [feature, label]),
+                                       feature, label)
+        if not rows:
+            raise ConfigError(f"config key 'model.prior.damping' = None is not allowed: the "
+                              f"validation split {config.train.validation_split!r} has no "
+                              f"query rows to choose the factorisation's L2 on; set one, e.g. "
+                              f"10")
+        reg = min(losses, key=losses.get)
+        whole = models[reg]
+    else:
+        whole = fit(every, reg)
+    keys = whole.keys
+    folds = [fit(np.mod(tasks, prior.folds) != k, reg)
+             for k in range(prior.folds if prior.folds > 1 else 0)]
+
+    def bias_and_factors(model):  # the prior of ``keys`` relative to the whole split's mean
+        q, b = model.item(keys)
+        return b + model.mean - whole.mean, q
+
+    fold_parts = [bias_and_factors(m) for m in folds]
+    prior.assign(keys, whole.biases, reg,
+                 np.stack([b for b, _ in fold_parts]) if folds else None, whole.factors,
+                 np.stack([q for _, q in fold_parts]) if folds else None)
+    variables = [prior.ids, prior.values, prior.fold_values, prior.factor_rows,
+                 prior.fold_factor_rows, prior.damping]
+    distributed.broadcast_variables(variables)
+    log.info("label prior of %r: a matrix factorisation with %d factors of %d values from %d "
+             "training rows (mean %.4g), L2 %g, %s%s", feature, prior.factors, len(keys),
+             len(labels), whole.mean, reg,
+             f"training rows read it out of {prior.folds} folds of tasks"
+             if folds else "training rows read it with their own labels",
+             f" (validation fold-in MAE per L2: {losses})" if losses else "")
+    return losses
+
+
 def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
     """Fits ``prior`` on the training split (on every rank at once, each reading its
-    shard); returns the validation loss of each damping tried (empty when
-    ``model.prior.damping`` is set).
+    shard); returns the validation loss of each damping (or, with factors, L2 strength)
+    tried (empty when ``model.prior.damping`` is set).
 
     Raises:
         ConfigError: No damping is configured and the validation split has no rows.
@@ -88,6 +190,8 @@ def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
     label, feature = config.model.head.label, prior.feature
     names = [feature, label]
     train = _shard_rows(config, "warm", names, query_only=False)
+    if prior.factors:
+        return _fit_factors(prior, config, train)
     mean, out_of_fold = _gathered_means(train[feature], np.asarray(train[label], np.float64),
                                         train[TASK_COLUMN], prior.folds)
     damping = config.model.prior.damping

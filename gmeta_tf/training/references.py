@@ -292,7 +292,7 @@ class FactorModel:
             q, b_item = _ridge_per_group(by_item, p[task_of], targets - b_task[task_of], eye)
         self.factors, self.biases = q, b_item
 
-    def _item(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def item(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Factors and biases of ``items`` (zero for an item not in training)."""
         pos = np.clip(np.searchsorted(self.keys, items), 0, len(self.keys) - 1)
         known = self.keys[pos] == items
@@ -302,12 +302,12 @@ class FactorModel:
     def fold_in(self, items: np.ndarray, labels: np.ndarray, mask: np.ndarray,
                 query: np.ndarray, strength: float) -> np.ndarray:
         """``[T, Q]`` query predictions of T new tasks from their support rows ``[T, S]``."""
-        q, b = self._item(items)
+        q, b = self.item(items)
         x = np.concatenate([q, np.ones(q.shape[:-1] + (1,))], axis=-1) * mask[..., None]
         residual = (np.asarray(labels, np.float64) - self.mean - b) * mask
         gram = np.einsum("tsi,tsj->tij", x, x) + strength * np.eye(x.shape[-1])
         w = np.linalg.solve(gram, np.einsum("tsi,ts->ti", x, residual)[..., None])[..., 0]
-        qq, bq = self._item(query)
+        qq, bq = self.item(query)
         return self.mean + bq + np.einsum("tqi,ti->tq", qq, w[:, :-1]) + w[:, -1:]
 
 
