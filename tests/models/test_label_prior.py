@@ -9,7 +9,7 @@ from gmeta_tf.meta import MetaConfig, MetaModel, role_batches, task_rows
 from gmeta_tf.models import CTRModel, DLRMTower, LabelPrior, MeLUTower, RatingHead
 from gmeta_tf.models.label_prior import PRIOR_INPUT
 from gmeta_tf.models.tower import PRIOR_SCALE
-from gmeta_tf.training.references import FeatureMean
+from gmeta_tf.training.references import FactorModel, FeatureMean
 from tests.meta import tiny
 
 DIM = 4
@@ -220,3 +220,66 @@ def test_a_meta_model_and_its_baseline_train_on_out_of_fold_priors_and_score_the
         np.where(items >= 0, folded[tasks % 3, items], 0), rtol=1e-6)
     np.testing.assert_allclose(baseline.tower_inputs(rows, training=False)[PRIOR_INPUT].numpy(),
                                np.where(items >= 0, whole[items], 0), rtol=1e-6)
+
+
+def test_a_factor_prior_gives_each_id_its_factors_and_training_rows_their_folds():
+    rng = np.random.default_rng(4)
+    whole, factors = rng.normal(size=12), rng.normal(size=(12, 2))
+    fold_priors, fold_factors = rng.normal(size=(3, 12)), rng.normal(size=(3, 12, 2))
+    prior = LabelPrior("item_id", "rating", folds=3, factors=2)
+    order = rng.permutation(12)  # any order of ids
+    with pytest.raises(ValueError, match=r"factors of shape None, expected \(12, 2\)"):
+        prior.assign(order, whole[order], 5.0, fold_priors[:, order])
+    with pytest.raises(ValueError, match=r"fold_factors of shape \(12, 2\), expected"):
+        prior.assign(order, whole[order], 5.0, fold_priors[:, order], factors[order],
+                     factors[order])
+    assert not prior.fitted  # a refused assignment changes nothing
+    prior.assign(order, whole[order], 5.0, fold_priors[:, order], factors[order],
+                 fold_factors[:, order])
+    assert prior.fitted
+    ids = tf.constant([[3, 11, 40], [0, 3, -1]], tf.int64)
+    got = prior.factors_of(ids).numpy()
+    assert got.shape == (2, 3, 2)
+    np.testing.assert_allclose(got, [[factors[3], factors[11], [0, 0]],
+                                     [factors[0], factors[3], [0, 0]]], rtol=1e-6)
+    tasks = tf.constant([[7], [5]], tf.int64)  # folds 1 and 2
+    np.testing.assert_allclose(prior.factors_of(ids, tasks).numpy(),
+                               [[fold_factors[1, 3], fold_factors[1, 11], [0, 0]],
+                                [fold_factors[2, 0], fold_factors[2, 3], [0, 0]]], rtol=1e-6)
+    np.testing.assert_allclose(prior(ids, tasks).numpy(),
+                               [[fold_priors[1, 3], fold_priors[1, 11], 0],
+                                [fold_priors[2, 0], fold_priors[2, 3], 0]], rtol=1e-6)
+    with pytest.raises(ValueError, match="factors=2 with kind 'binary'"):
+        LabelPrior("site", "binary", factors=2)
+
+
+def test_a_ridge_adapted_melu_reading_factor_priors_is_the_factorisation_fold_in():
+    """With the MLP at zero, the ridge-adapted output layer over the prior's item factors
+    is the matrix-factorisation reference: each user's bias and factor the ridge fit of
+    its support residuals, its query predictions mean + item bias + item factor . user
+    factor (``references.FactorModel.fold_in``)."""
+    rng = np.random.default_rng(5)
+    users, items = rng.integers(0, 40, 600), rng.integers(0, 12, 600)
+    taste, kind = rng.normal(size=(40, 3)), rng.normal(size=(12, 3))
+    ratings = np.clip(3 + (taste[users] * kind[items]).sum(1) + rng.normal(0, .3, 600), 1, 5)
+    fitted = FactorModel(users, items, ratings, factors=3, reg=3.0)
+    prior = LabelPrior("item_id", "rating", factors=3)
+    prior.assign(fitted.keys, fitted.biases, 3.0, factors=fitted.factors)
+    tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
+    tower.prior = prior
+    strength = 2.0
+    model = MetaModel(tiny.embedding(), tower, RatingHead("rating", offset=fitted.mean),
+                      MetaConfig("maml", inner_steps=1, inner_lr=1e-9, ridge=strength))
+    kernel, _ = tower.output_layer
+    assert tower.params()[kernel].shape == (tiny.HIDDEN + 3, 1)  # hidden, then the factors
+    _zero_tower(tower)
+    tower.params()[PRIOR_SCALE].assign(1.0)
+    model.ridge_variable.assign(np.full(model.ridge_variable.shape, np.log(strength),
+                                        np.float32))
+    batch = tiny.tasks(4, support=8, query=4, seed=6)
+    support = batch["support"]
+    want = fitted.fold_in(support["item_id"], support["rating"], support["mask"],
+                          batch["query"]["item_id"], strength)
+    real = batch["query"]["mask"] > 0
+    np.testing.assert_allclose(model.adapted_predictions(batch).numpy()[real], want[real],
+                               rtol=1e-4, atol=1e-4)

@@ -88,6 +88,11 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
                                       "expected a number"),
     ("model.item_factors=true", "'model.item_factors' = True is not allowed: expected false "
                                 "unless tower 'melu' with item_features"),
+    ("model.prior={feature: item_id, factors: 8}",
+     "'model.prior.factors' = 8 is not allowed: expected 0 for tower 'dlrm' with a 'binary' "
+     "head"),
+    ("model.prior={feature: item_id, factors: -1}", "'model.prior.factors' = -1 is not "
+                                                    "allowed: expected an integer >= 0"),
 ])
 def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:

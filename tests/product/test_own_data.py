@@ -95,7 +95,7 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     from gmeta_tf.training.cold_start import restore_models
 
     _, _, config, _ = ratings_run
-    models, _ = restore_models(config)
+    models, info = restore_models(config)
     model = models.model
     assert model.ridge_variable is not None  # the README's pipeline solves the output layer
     prior = model.tower.prior  # and adds each item's prior: served from the SavedModel too
@@ -110,14 +110,41 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
              **{f"adapt/support_{k}": support[k] for k in (*features, model.head.label)},
              **{f"adapt/query_{k}": query[k] for k in features})
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # The export is of the checkpoint chosen on validation, as restore_models restores.
+    exported, = Path(config.export.dir).iterdir()
+    assert exported.name == str(info["step"])
     subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
-                    str(Path(config.export.dir, "6")), str(tmp_path / "in.npz"),
+                    str(exported), str(tmp_path / "in.npz"),
                     str(tmp_path / "out.npz")], check=True, cwd=tmp_path, env=env,
                    capture_output=True, timeout=300)
     with np.load(tmp_path / "out.npz") as out:
         assert not out["gmeta_imported"] and not out["op_library_loaded"]
         np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)
+
+
+def test_the_factor_prior_is_the_factorisation_of_every_ranks_warm_rows(ratings_run):
+    """Each rank read its shard of the warm split; the prior (rank 0's, as saved) is the
+    factorisation of all of them, at the L2 chosen on validation."""
+    from gmeta_tf.data.schema import TASK_COLUMN
+    from gmeta_tf.training.cold_start import restore_models
+    from gmeta_tf.training.references import MF_REGS, FactorModel, rows_of
+
+    _, _, config, _ = ratings_run
+    prior = restore_models(config)[0].model.tower.prior
+    assert prior.factors == config.model.prior.factors > 0
+    reg = float(prior.damping.numpy())
+    assert reg in MF_REGS  # chosen on the validation split
+    rows = rows_of(meta_io.TaskDataset(config.data.path, "warm", rank=0, size=1).rows(4096),
+                   ["item_id", "rating", TASK_COLUMN])
+    fitted = FactorModel(rows[TASK_COLUMN], rows["item_id"], rows["rating"],
+                         factors=prior.factors, reg=reg)
+    np.testing.assert_array_equal(prior.ids.numpy(), fitted.keys)
+    np.testing.assert_allclose(prior.values.numpy()[:-1], fitted.biases, atol=1e-4)
+    np.testing.assert_allclose(prior.factor_rows.numpy()[:-1], fitted.factors, atol=1e-4)
+    assert np.abs(fitted.factors).max() > 1e-3  # factors, not zeros
+    folded = prior.fold_factor_rows.numpy()
+    assert folded.shape[0] == config.model.prior.folds and not np.allclose(folded[0], folded[1])
 
 
 @pytest.fixture(scope="module")
