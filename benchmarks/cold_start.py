@@ -96,6 +96,18 @@ shrinks as a damped mean does; Zhou et al. KDD 2018) at lambda 3 / 10 / 30: AUC 
 than 0.8080 / 0.8340 / 0.8462. None came nearer the offset model than the run-to-run
 spread.
 
+With the factor prior and ridge (``model.prior.factors: 32``, ``meta.ridge: 10``, the
+pipeline as shipped since 8d82153; run on 415d82b with those two ``--set``, 2026-11-26):
+MovieLens 100K, ``--seeds 0,1,2 --trials 8``: MAML 0.7587 / 0.7585 / 0.8733, the
+baseline 0.7519 / 0.7618 / 0.8694, the matrix-factorisation fold-in reference 0.7583 /
+0.7657 / 0.8747, item mean + offset 0.7417 / 0.7831 / 0.8651; against the baseline AUC
++0.0034/+0.0109/+0.0060, MAE +0.0018/+0.0085/-0.0003, nDCG@3 +0.0055/+0.0006/+0.0055 (8
+of 9), against the factorisation AUC -0.0072/+0.0133/-0.0049, MAE
++0.0074/+0.0136/+0.0009, nDCG@3 +0.0015/-0.0007/-0.0051 (5 of 9; not reached). The
+rare-item command: MAML 0.7317 / 0.8070 / 0.8541, the baseline 0.7330 / 0.8016 / 0.8612,
+the factorisation 0.7381 / 0.7962 / 0.8611 (2 of 9 against the baseline, 3 of 9 against
+the factorisation; not reached).
+
 With the label prior read out of fold by training rows (``model.prior.folds: 5``, the
 default; 2026-11-26 at 6567c48, the pipeline as shipped): MovieLens 100K, ``--seeds 0,1,2
 --trials 8``: MAML 0.7524 / 0.7638 / 0.8767 (AUC / MAE / nDCG@3), the baseline 0.7448 /
