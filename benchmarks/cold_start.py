@@ -97,7 +97,7 @@ than 0.8080 / 0.8340 / 0.8462. None came nearer the offset model than the run-to
 spread.
 
 With the factor prior and ridge (``model.prior.factors: 32``, ``meta.ridge: 10``, the
-pipeline as shipped since 8d82153; run on 415d82b with those two ``--set``, 2026-11-26):
+pipeline as shipped since f66c388; run on 415d82b with those two ``--set``, 2026-11-26):
 MovieLens 100K, ``--seeds 0,1,2 --trials 8``: MAML 0.7587 / 0.7585 / 0.8733, the
 baseline 0.7519 / 0.7618 / 0.8694, the matrix-factorisation fold-in reference 0.7583 /
 0.7657 / 0.8747, item mean + offset 0.7417 / 0.7831 / 0.8651; against the baseline AUC
