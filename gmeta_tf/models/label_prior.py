@@ -189,7 +189,6 @@ class LabelPrior(tf.Module):
                                         np.zeros((self.folds, 1, f), np.float32)], axis=1)
         return rows, fold_rows
 
-
     def set_means(self, ids: np.ndarray, means: np.ndarray, global_mean: float,
                   damping: float, fold_means: np.ndarray | None = None) -> None:
         """Sets each id's prior from its (damped) mean label on the training rows (and,

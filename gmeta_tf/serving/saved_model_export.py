@@ -4,7 +4,8 @@ The hash tables become ``StaticEmbedding`` variables (every rank's shard: the ch
 is restored in one process, which reads all shard files); the tower's weights are saved
 as they are and its math, the heads and the meta model's inner loop are traced into the
 graph. A label prior (``model.prior``) is saved as its variables (sorted ids, values and,
-with factors, the factor rows) and read with the same stock ops. Nothing in the SavedModel needs gmeta-tf or its op library.
+with factors, the factor rows) and read with the same stock ops. Nothing in the SavedModel
+needs gmeta-tf or its op library.
 
 Signatures:
 

@@ -23,6 +23,7 @@ rank 0's result is then broadcast so the ranks' priors are equal to the bit.
 from __future__ import annotations
 
 import logging
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -36,20 +37,41 @@ from gmeta_tf.training.references import (DAMPINGS, MF_REGS, FactorModel, Featur
 
 log = logging.getLogger(__name__)
 _ROWS_PER_READ = 4096
+T = TypeVar("T")
+
+
+def _dataset(config: PipelineConfig, split: str, names: list[str]) -> meta_io.TaskDataset:
+    """This rank's shard of a split, its ``names`` columns read."""
+    d = config.data
+    return meta_io.TaskDataset(d.path, split, reader=d.reader, features=names, verify="size")
+
+
+def _shard_tasks(config: PipelineConfig, split: str, names: list[str]):
+    """This rank's shard of a split's task batches (each task's fixed support and query
+    rows, as validation scores them). Every task of the shard, none dropped to equal the
+    ranks' batch counts."""
+    return _dataset(config, split, names).tasks(config.eval.tasks_per_batch, None, None,
+                                                equal_steps=False)
 
 
 def _shard_rows(config: PipelineConfig, split: str, names: list[str],
                 query_only: bool) -> dict[str, np.ndarray]:
     """This rank's shard of a split: its rows, or with ``query_only`` its tasks' fixed
-    query rows (as validation scores them). Every task of the shard, none dropped to
-    equal the ranks' batch counts."""
-    d = config.data
-    dataset = meta_io.TaskDataset(d.path, split, reader=d.reader, features=names,
-                                  verify="size")
+    query rows (``_shard_tasks``)."""
     if query_only:
-        return query_rows(dataset.tasks(config.eval.tasks_per_batch, None, None,
-                                        equal_steps=False), names)
-    return rows_of(dataset.rows(_ROWS_PER_READ), names + [TASK_COLUMN])
+        return query_rows(_shard_tasks(config, split, names), names)
+    return rows_of(_dataset(config, split, names).rows(_ROWS_PER_READ), names + [TASK_COLUMN])
+
+
+def _read_validation(read: Callable[[], T], what: str, setting: str) -> T:
+    """``read()`` of the validation split, a missing or unreadable split refused as the
+    reason ``model.prior.damping`` None cannot choose ``what``."""
+    try:
+        return read()
+    except meta_io.DataError as err:
+        raise ConfigError(f"config key 'model.prior.damping' = None is not allowed without "
+                          f"a validation split to choose {what} on ({err}): set {setting}, "
+                          f"e.g. 10") from err
 
 
 def _gathered_means(values: np.ndarray, labels: np.ndarray, tasks: np.ndarray,
@@ -87,39 +109,22 @@ def _validation_losses(kind: str, mean: FeatureMean, valid: dict[str, np.ndarray
             int(total))
 
 
-def _validation_tasks(config: PipelineConfig, names: list[str]) -> list:
-    """This rank's shard of the validation split's task batches (support and query)."""
-    d = config.data
-    split = config.train.validation_split
-    try:
-        dataset = meta_io.TaskDataset(d.path, split, reader=d.reader, features=names,
-                                      verify="size")
-        return [{role: {k: np.asarray(v) for k, v in batch[role].items()}
-                 for role in ("support", "query")}
-                for batch in dataset.tasks(config.eval.tasks_per_batch, None, None,
-                                           equal_steps=False)]
-    except meta_io.DataError as err:
-        raise ConfigError(f"config key 'model.prior.damping' = None is not allowed without "
-                          f"a validation split to choose the factorisation's L2 on ({err}): "
-                          f"set one, e.g. 10") from err
-
-
 def _fold_in_losses(model_of: dict, valid: list, feature: str, label: str
                     ) -> tuple[dict[float, float], int]:
-    """Each L2 strength's fold-in loss (mean absolute error) over every rank's validation
-    query rows, and how many rows that is."""
-    n = sum(int((np.asarray(b["query"]["mask"]) > 0).sum()) for b in valid)
+    """Each L2 strength's fold-in loss (``loss_of``) over every rank's validation query
+    rows, and how many rows that is."""
+    labels = query_rows(valid, [label])[label]
+    n = len(labels)
     sums = []
     for reg, model in model_of.items():
-        total = 0.0
+        preds = []
         for batch in valid:
             s, q = batch["support"], batch["query"]
             ids = [np.asarray(r[feature]).reshape(np.shape(r["mask"])) for r in (s, q)]
             pred = model.fold_in(ids[0], s[label], np.asarray(s["mask"], np.float64), ids[1],
                                  reg)
-            real = np.asarray(q["mask"]) > 0
-            total += float(np.abs(pred[real] - np.asarray(q[label], np.float64)[real]).sum())
-        sums.append(total)
+            preds.append(pred[np.asarray(q["mask"]) > 0])
+        sums.append(loss_of("rating", labels, np.concatenate(preds)) * n if n else 0.0)
     *sums, rows = distributed.sum_over_ranks(np.array(sums + [n], np.float64))
     return ({r: float(s / rows) for r, s in zip(model_of, sums)} if rows else {}, int(rows))
 
@@ -142,15 +147,20 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
 
     every = np.ones(len(labels), bool)
     reg, losses = config.model.prior.damping, {}
+    split = config.train.validation_split
     if reg is None:
         models = {r: fit(every, r) for r in MF_REGS}
-        losses, rows = _fold_in_losses(models, _validation_tasks(config, [feature, label]),
-                                       feature, label)
+        names = [feature, label]
+        valid = _read_validation(
+            lambda: [{role: {k: np.asarray(v) for k, v in batch[role].items()}
+                      for role in ("support", "query")}
+                     for batch in _shard_tasks(config, split, names)],
+            "the factorisation's L2", "one")
+        losses, rows = _fold_in_losses(models, valid, feature, label)
         if not rows:
             raise ConfigError(f"config key 'model.prior.damping' = None is not allowed: the "
-                              f"validation split {config.train.validation_split!r} has no "
-                              f"query rows to choose the factorisation's L2 on; set one, e.g. "
-                              f"10")
+                              f"validation split {split!r} has no query rows to choose the "
+                              f"factorisation's L2 on; set one, e.g. 10")
         reg = min(losses, key=losses.get)
         whole = models[reg]
     else:
@@ -198,12 +208,9 @@ def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
     losses: dict[float, float] = {}
     if damping is None:
         split = config.train.validation_split
-        try:
-            valid = _shard_rows(config, split, names, query_only=config.meta.enabled)
-        except meta_io.DataError as err:
-            raise ConfigError(f"config key 'model.prior.damping' = None is not allowed without "
-                              f"a validation split to choose it on ({err}): set a damping, "
-                              f"e.g. 10") from err
+        valid = _read_validation(
+            lambda: _shard_rows(config, split, names, query_only=config.meta.enabled),
+            "it", "a damping")
         losses, rows = _validation_losses(prior.kind, mean, valid, feature, label)
         if not rows:
             raise ConfigError(f"config key 'model.prior.damping' = None is not allowed: the "
