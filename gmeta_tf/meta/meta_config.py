@@ -51,6 +51,10 @@ class MetaConfig:
             fine-tuned the same way, keeps ``eval.baseline_ridge``). The exact minimiser
             of the support loss plus the penalty, where k SGD steps only approach it
             (R2-D2, Bertinetto et al. ICLR 2019). A rating head (squared error) only. 0: off.
+        ridge_lr: The outer learning rate of the learned strengths' logs (None: the outer
+            rate, ``train.learning_rate``, as every other weight). The outer rate that suits
+            the tower moves a log by at most about 0.001 a step, so the strengths would end
+            near where they started; the default lets each move by about 0.02 a step.
         plain_loss: Weight of the plain objective in the outer loss: the unadapted loss on
             every row of the batch's tasks (what the baseline trains, and
             ``train.pretrain_steps`` trains alone) is added to the query loss after
@@ -70,6 +74,7 @@ class MetaConfig:
     inner_lr_per_step: bool = False
     multi_step_loss: int = config_fields.field(0, min=0)
     ridge: float = config_fields.field(0.0, min=0.0)
+    ridge_lr: float | None = config_fields.field(0.02, min_exclusive=0.0)
     plain_loss: float = config_fields.field(0.0, min=0.0)
 
     def __post_init__(self) -> None:

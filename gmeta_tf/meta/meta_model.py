@@ -63,11 +63,15 @@ class MetaModel(tf.keras.Model):
     """
 
     def __init__(self, embedding: tf.keras.layers.Layer, tower: Tower, head: Head,
-                 config: MetaConfig | None = None, embedding_l2: float = 0.0, **kwargs):
+                 config: MetaConfig | None = None, embedding_l2: float = 0.0,
+                 ridge_scale: float = 1.0, **kwargs):
         super().__init__(**kwargs)
         self.embedding, self.tower, self.head = embedding, tower, head
         self.embedding_l2 = float(embedding_l2)
         self.config = config or MetaConfig()
+        if not ridge_scale > 0:
+            raise ValueError(f"ridge_scale={ridge_scale!r}, expected a number > 0")
+        self.ridge_scale = float(ridge_scale)
         fast = resolve_fast_weights(tower, self.config.fast_weights)
         self.ridge_variable = self._create_ridge()
         self.adapter = TaskAdapter(tower, head, fast, self.config.adapt_embeddings,
@@ -78,8 +82,9 @@ class MetaModel(tf.keras.Model):
         self.pretrained_steps = 0
 
     def _create_ridge(self) -> tf.Variable | None:
-        """The log of the learned ridge strengths (``MetaConfig.ridge``), one per weight of
-        the output layer, or None."""
+        """The learned ridge strengths' variable (``MetaConfig.ridge``), one per weight of
+        the output layer, or None: their logs, ``log ridge + ridge_scale * (v - log ridge)``
+        (see ``ridge_strengths``)."""
         if not self.config.ridge:
             return None
         return self.add_weight(name="ridge/log_strength", shape=[ridge_size(self.tower)],
@@ -89,10 +94,15 @@ class MetaModel(tf.keras.Model):
 
     @property
     def ridge_strengths(self) -> Callable[[], tf.Tensor] | None:
-        """The adapter's ridge strengths (``exp`` of the learned logs), or None."""
+        """The adapter's ridge strengths, or None: ``exp`` of the learned logs, whose
+        variable starts at ``log ridge`` and counts ``ridge_scale`` times (the outer
+        optimizer then moves the logs at its rate times ``ridge_scale``, or its square
+        under plain SGD: ``model_builder`` sets it so the logs learn at ``meta.ridge_lr``).
+        """
         if self.ridge_variable is None:
             return None
-        return lambda: tf.exp(self.ridge_variable)
+        start, scale = math.log(self.config.ridge), self.ridge_scale
+        return lambda: tf.exp(start + scale * (self.ridge_variable - start))
 
     def _create_inner_rates(self) -> dict[str, tf.Variable]:
         if not self.config.learn_inner_lr:

@@ -7,6 +7,7 @@ checks that every configured feature exists, so a typo fails before any training
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import tensorflow as tf
 
@@ -147,6 +148,17 @@ def keras_optimizer(config: PipelineConfig, baseline: bool = False
     return _OPTIMIZERS[config.train.optimizer](rate)
 
 
+def ridge_scale(config: PipelineConfig) -> float:
+    """How many times the meta model's ridge variable counts (``MetaModel.ridge_strengths``)
+    for the outer optimizer to move the strengths' logs at ``meta.ridge_lr``: the rate's
+    ratio to the outer rate under Adam and Adagrad (their steps do not scale with the
+    gradient), its square root under SGD (whose steps do)."""
+    if config.meta.ridge_lr is None:
+        return 1.0
+    ratio = config.meta.ridge_lr / config.train.learning_rate
+    return math.sqrt(ratio) if config.train.optimizer == "sgd" else ratio
+
+
 def build_models(config: PipelineConfig, placement: Placement | None = None,
                  with_baseline: bool | None = None) -> Models:
     """Creates (and builds, so a checkpoint can be restored into them) the config's models.
@@ -179,7 +191,8 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
         try:
             if config.meta.enabled:
                 model = MetaModel(embedding, tower, head, config.meta,
-                                  embedding_l2=config.train.embedding_l2, name="meta_model")
+                                  embedding_l2=config.train.embedding_l2,
+                                  ridge_scale=ridge_scale(config), name="meta_model")
             else:
                 model = CTRModel(embedding, tower, head, config.train.embedding_l2,
                                  name="ctr_model")

@@ -198,6 +198,31 @@ def test_the_baseline_is_ridge_fitted_as_the_meta_model_adapts():
             < np.square(stepped - labels)[real].sum())
 
 
+def test_ridge_scale_moves_the_learned_strengths_that_many_times_as_fast():
+    """The strengths start at ``ridge`` whatever ``ridge_scale`` s is; one Adam step at
+    rate r (its first: the rate times the gradient's sign) moves each log strength by
+    s * r, so ``model_builder``'s s = ``meta.ridge_lr`` / r makes them learn at
+    ``ridge_lr``; the predictions before the step do not depend on s."""
+    batch = tiny.tasks(4, seed=6)
+    moved, before = {}, {}
+    for scale in (1.0, 20.0):
+        model = tiny.model(MetaConfig("maml", inner_steps=1, inner_lr=0.2, ridge=0.5),
+                           ridge_scale=scale)
+        tiny.insert_ids(model, batch)
+        np.testing.assert_allclose(model.ridge_strengths().numpy(), 0.5, rtol=1e-6)
+        before[scale] = model.adapted_predictions(batch).numpy()
+        start = np.log(model.ridge_strengths().numpy())
+        _, _, grads = model.meta_gradients(batch)
+        tf.keras.optimizers.Adam(1e-3).apply_gradients(zip(grads, model.slow_variables))
+        moved[scale] = np.abs(np.log(model.ridge_strengths().numpy()) - start)
+        ridge_grad = np.abs(grads[-1].numpy())
+    np.testing.assert_allclose(before[20.0], before[1.0], rtol=1e-5, atol=1e-6)
+    clear = ridge_grad > 1e-4   # Adam's first step is the rate where |grad| >> epsilon
+    assert clear.sum() >= 3
+    np.testing.assert_allclose(moved[1.0][clear], 1e-3, rtol=0.02)
+    np.testing.assert_allclose(moved[20.0][clear], 20e-3, rtol=0.02)
+
+
 def test_item_factors_fold_in_by_ridge_as_the_baseline_does():
     """With ``item_factors`` the ridge solve fits every task a weight on each item
     embedding column too (a matrix-factorisation fold-in), for the meta model and the

@@ -59,12 +59,13 @@ def embedding(sparse_lr: float = 1.0, optimizer: str = "sgd",
 
 def model(config: MetaConfig, sparse_lr: float = 1.0, optimizer: str = "sgd",
           multi_hot: bool = False, item_factors: bool = False,
-          embedding_l2: float = 0.0) -> MetaModel:
+          embedding_l2: float = 0.0, ridge_scale: float = 1.0) -> MetaModel:
     items = ["item_id", "genres"] if multi_hot else ["item_id"]
     tower = MeLUTower(items, ["user_id"], DIM, hidden_units=(HIDDEN,), seed=3,
                       item_factors=item_factors)
     return MetaModel(embedding(sparse_lr, optimizer, multi_hot), tower,
-                     RatingHead("rating", offset=3.0), config, embedding_l2=embedding_l2)
+                     RatingHead("rating", offset=3.0), config, embedding_l2=embedding_l2,
+                     ridge_scale=ridge_scale)
 
 
 def rows_of(model: MetaModel, ids: dict) -> dict:

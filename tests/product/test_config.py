@@ -182,6 +182,21 @@ def test_ridge_adaptation_is_for_a_melu_rating_model():
     with pytest.raises(ConfigError, match="'meta.ridge' = -1.0 is not allowed: expected a "
                                           "number >= 0.0"):
         load_config("movielens", ["meta.ridge=-1"], tuned=False)
+    with pytest.raises(ConfigError, match="'meta.ridge_lr' = 0.0 is not allowed: expected a "
+                                          "number > 0"):
+        load_config("movielens", ["meta.ridge_lr=0"], tuned=False)
+
+
+@pytest.mark.parametrize("overrides, scale", [
+    (["train.learning_rate=0.001"], 20.0),                          # default ridge_lr 0.02
+    (["train.learning_rate=0.001", "meta.ridge_lr=0.005"], 5.0),
+    (["train.learning_rate=0.001", "train.optimizer=sgd"], 20.0 ** 0.5),
+    (["train.learning_rate=0.001", "meta.ridge_lr=null"], 1.0),     # the outer rate
+])
+def test_the_ridge_strengths_learn_at_their_own_rate(overrides, scale):
+    from gmeta_tf.training.model_builder import ridge_scale
+    config = load_config("movielens", overrides, tuned=False)
+    assert ridge_scale(config) == pytest.approx(scale)
 
 
 def test_item_factors_and_embedding_penalties_reach_the_models():
