@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
+import numpy as np
 import tensorflow as tf
 
 from gmeta_tf import distributed
@@ -82,27 +83,44 @@ class MetaModel(tf.keras.Model):
         self.pretrained_steps = 0
 
     def _create_ridge(self) -> tf.Variable | None:
-        """The learned ridge strengths' variable (``MetaConfig.ridge``), one per weight of
-        the output layer, or None: their logs, ``log ridge + ridge_scale * (v - log ridge)``
-        (see ``ridge_strengths``)."""
+        """The learned ridge strengths (``MetaConfig.ridge``), one per weight of the output
+        layer, or None: their logs over ``ridge_scale`` (see ``ridge_strengths``), with
+        the scale beside them (``ridge_scale_variable``, not trained)."""
+        self.ridge_scale_variable = None
         if not self.config.ridge:
             return None
-        return self.add_weight(name="ridge/log_strength", shape=[ridge_size(self.tower)],
+        self.ridge_scale_variable = self.add_weight(
+            name="ridge/scale", shape=[], trainable=False,
+            initializer=tf.keras.initializers.Constant(self.ridge_scale))
+        return self.add_weight(name="ridge/scaled_log_strength", shape=[ridge_size(self.tower)],
                                trainable=True,
                                initializer=tf.keras.initializers.Constant(
-                                   math.log(self.config.ridge)))
+                                   math.log(self.config.ridge) / self.ridge_scale))
+
+    @property
+    def ridge_variables(self) -> list[tf.Variable]:
+        """The variables the ridge strengths are read from (none without ridge)."""
+        if self.ridge_variable is None:
+            return []
+        return [self.ridge_variable, self.ridge_scale_variable]
 
     @property
     def ridge_strengths(self) -> Callable[[], tf.Tensor] | None:
-        """The adapter's ridge strengths, or None: ``exp`` of the learned logs, whose
-        variable starts at ``log ridge`` and counts ``ridge_scale`` times (the outer
-        optimizer then moves the logs at its rate times ``ridge_scale``, or its square
-        under plain SGD: ``model_builder`` sets it so the logs learn at ``meta.ridge_lr``).
+        """The adapter's ridge strengths, or None: ``exp(scale * v)``, ``v`` the trained
+        variable. The outer optimizer moves ``v`` at its rate, so the logs move ``scale``
+        times as fast (its square under plain SGD; ``model_builder`` sets the scale so they
+        learn at ``meta.ridge_lr``). The scale is a variable, saved with ``v``: a
+        checkpoint's strengths do not depend on the config that reads it.
         """
         if self.ridge_variable is None:
             return None
-        start, scale = math.log(self.config.ridge), self.ridge_scale
-        return lambda: tf.exp(start + scale * (self.ridge_variable - start))
+        return lambda: tf.exp(self.ridge_scale_variable * self.ridge_variable)
+
+    def set_ridge_strengths(self, strengths) -> None:
+        """Sets every learned ridge strength (an array of ``ridge_size`` or a number)."""
+        logs = np.log(np.broadcast_to(np.asarray(strengths, np.float64),
+                                      self.ridge_variable.shape))
+        self.ridge_variable.assign((logs / self.ridge_scale_variable.numpy()).astype(np.float32))
 
     def _create_inner_rates(self) -> dict[str, tf.Variable]:
         if not self.config.learn_inner_lr:

@@ -92,7 +92,7 @@ class ServingModule(tf.Module):
         self.adapt = None
         if adaptation and isinstance(model, MetaModel):
             self.inner_rates = list(model.inner_lr_variables.values())
-            self.ridge = [] if model.ridge_variable is None else [model.ridge_variable]
+            self.ridge = model.ridge_variables
             self.adapt = tf.function(self._adapt_fn(model), input_signature=[
                 _role_specs("support", specs, head.label), _role_specs("query", specs)])
 

@@ -223,6 +223,20 @@ def test_ridge_scale_moves_the_learned_strengths_that_many_times_as_fast():
     np.testing.assert_allclose(moved[20.0][clear], 20e-3, rtol=0.02)
 
 
+def test_a_checkpoints_ridge_strengths_do_not_depend_on_the_scale_that_reads_it(tmp_path):
+    """The scale is saved with the strengths: a model built with another ``ridge_scale``
+    (another ``meta.ridge_lr`` or outer rate) restores the very strengths saved."""
+    config = MetaConfig("maml", inner_steps=1, inner_lr=0.2, ridge=0.5)
+    saved = tiny.model(config, ridge_scale=30.0)
+    saved.set_ridge_strengths(np.linspace(0.1, 5.0, saved.ridge_variable.shape[0]))
+    path = tf.train.Checkpoint(model=saved).write(str(tmp_path / "ckpt"))
+    read = tiny.model(config, ridge_scale=2.0)
+    np.testing.assert_allclose(read.ridge_strengths().numpy(), 0.5, rtol=1e-6)
+    tf.train.Checkpoint(model=read).read(path).expect_partial()
+    np.testing.assert_allclose(read.ridge_strengths().numpy(),
+                               np.linspace(0.1, 5.0, saved.ridge_variable.shape[0]), rtol=1e-5)
+
+
 def test_item_factors_fold_in_by_ridge_as_the_baseline_does():
     """With ``item_factors`` the ridge solve fits every task a weight on each item
     embedding column too (a matrix-factorisation fold-in), for the meta model and the

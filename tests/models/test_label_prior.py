@@ -113,7 +113,7 @@ def test_adaptation_keeps_the_prior_and_learns_each_tasks_offset():
     assert PRIOR_SCALE in model.adapter.fast_names  # MeLU adapts every weight
     _zero_tower(tower)
     tower.params()[PRIOR_SCALE].assign(1.0)
-    model.ridge_variable.assign(np.full(model.ridge_variable.shape, np.log(1e-2), np.float32))
+    model.set_ridge_strengths(1e-2)
     got = model.adapted_predictions(batch).numpy()
     support, query = batch["support"], batch["query"]
     base = lambda role: 3.0 + np.where(role["item_id"] >= 0,  # noqa: E731
@@ -274,8 +274,7 @@ def test_a_ridge_adapted_melu_reading_factor_priors_is_the_factorisation_fold_in
     assert tower.params()[kernel].shape == (tiny.HIDDEN + 3, 1)  # hidden, then the factors
     _zero_tower(tower)
     tower.params()[PRIOR_SCALE].assign(1.0)
-    model.ridge_variable.assign(np.full(model.ridge_variable.shape, np.log(strength),
-                                        np.float32))
+    model.set_ridge_strengths(strength)
     batch = tiny.tasks(4, support=8, query=4, seed=6)
     support = batch["support"]
     want = fitted.fold_in(support["item_id"], support["rating"], support["mask"],
