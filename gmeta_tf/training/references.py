@@ -49,6 +49,16 @@ MF_SWEEPS = 6
 _EPS = 1e-3
 
 
+def sorted_lookup(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's position in sorted ``keys`` (clipped into range) and whether it is
+    there: ``(positions, known)``, both shaped as ``values``."""
+    values = np.asarray(values)
+    if not len(keys):
+        return np.zeros(values.shape, np.int64), np.zeros(values.shape, bool)
+    at = np.clip(np.searchsorted(keys, values), 0, len(keys) - 1)
+    return at, keys[at] == values
+
+
 @dataclasses.dataclass(frozen=True)
 class ReferenceData:
     """What the references read: label kind, the reference feature, the features of the
@@ -117,9 +127,7 @@ class FeatureMean:
         return other
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
-        values = np.asarray(values)
-        at = np.clip(np.searchsorted(self.keys, values), 0, max(len(self.keys) - 1, 0))
-        known = (self.keys[at] == values) if len(self.keys) else np.zeros(values.shape, bool)
+        at, known = sorted_lookup(self.keys, values)
         sums, counts = np.where(known, self.sums[at] if len(self.keys) else 0.0, 0.0), \
             np.where(known, self.counts[at] if len(self.keys) else 0.0, 0.0)
         denominator = counts + self.damping
@@ -294,8 +302,7 @@ class FactorModel:
 
     def item(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Factors and biases of ``items`` (zero for an item not in training)."""
-        pos = np.clip(np.searchsorted(self.keys, items), 0, len(self.keys) - 1)
-        known = self.keys[pos] == items
+        pos, known = sorted_lookup(self.keys, items)
         return (np.where(known[..., None], self.factors[pos], 0.0),
                 np.where(known, self.biases[pos], 0.0))
 
