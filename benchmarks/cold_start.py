@@ -96,8 +96,19 @@ shrinks as a damped mean does; Zhou et al. KDD 2018) at lambda 3 / 10 / 30: AUC 
 than 0.8080 / 0.8340 / 0.8462. None came nearer the offset model than the run-to-run
 spread.
 
+With the ridge strengths learned at their own rate (``meta.ridge_lr`` 0.02, the default
+since d395959; the pipeline as shipped; 2026-11-26, ``--seeds 0,1,2 --trials 8 --jobs
+1``): MovieLens 100K, MAML 0.7566 / 0.7611 / 0.8756, the baseline 0.7519 / 0.7618 /
+0.8694 (the figures of the run below), the factorisation 0.7583 / 0.7657 / 0.8747;
+against the baseline AUC +0.0067/+0.0033/+0.0041, MAE +0.0049/-0.0038/+0.0011, nDCG@3
++0.0084/+0.0049/+0.0051 (8 of 9), against the factorisation AUC
+-0.0039/+0.0057/-0.0068, MAE +0.0105/+0.0012/+0.0023, nDCG@3 +0.0045/+0.0036/-0.0055
+(6 of 9; not reached), against item mean + offset 9 of 9. The rare-item command: MAML
+0.7325 / 0.8061 / 0.8534, the baseline 0.7330 / 0.8016 / 0.8612, the factorisation
+0.7381 / 0.7962 / 0.8611 (1 of 9 against each; not reached).
+
 With the factor prior and ridge (``model.prior.factors: 32``, ``meta.ridge: 10``, the
-pipeline as shipped since f66c388; run on 415d82b with those two ``--set``, 2026-11-26):
+pipeline as shipped from f66c388; run on 415d82b with those two ``--set``, 2026-11-26):
 MovieLens 100K, ``--seeds 0,1,2 --trials 8``: MAML 0.7587 / 0.7585 / 0.8733, the
 baseline 0.7519 / 0.7618 / 0.8694, the matrix-factorisation fold-in reference 0.7583 /
 0.7657 / 0.8747, item mean + offset 0.7417 / 0.7831 / 0.8651; against the baseline AUC
