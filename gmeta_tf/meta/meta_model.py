@@ -72,9 +72,8 @@ class MetaModel(tf.keras.Model):
         self.config = config or MetaConfig()
         if not ridge_scale > 0:
             raise ValueError(f"ridge_scale={ridge_scale!r}, expected a number > 0")
-        self.ridge_scale = float(ridge_scale)
         fast = resolve_fast_weights(tower, self.config.fast_weights)
-        self.ridge_variable = self._create_ridge()
+        self.ridge_variable = self._create_ridge(float(ridge_scale))
         self.adapter = TaskAdapter(tower, head, fast, self.config.adapt_embeddings,
                                    self.config.inner_steps, self.ridge_strengths)
         self.inner_lr_variables = self._create_inner_rates()
@@ -82,20 +81,21 @@ class MetaModel(tf.keras.Model):
         # train.pretrain_steps): the multi-step loss anneals over meta steps only.
         self.pretrained_steps = 0
 
-    def _create_ridge(self) -> tf.Variable | None:
+    def _create_ridge(self, scale: float) -> tf.Variable | None:
         """The learned ridge strengths (``MetaConfig.ridge``), one per weight of the output
-        layer, or None: their logs over ``ridge_scale`` (see ``ridge_strengths``), with
-        the scale beside them (``ridge_scale_variable``, not trained)."""
+        layer, or None: their logs over ``scale`` (see ``ridge_strengths``), with the scale
+        beside them (``ridge_scale_variable``, not trained; a restored checkpoint's scale
+        replaces it, so it is kept nowhere else)."""
         self.ridge_scale_variable = None
         if not self.config.ridge:
             return None
         self.ridge_scale_variable = self.add_weight(
             name="ridge/scale", shape=[], trainable=False,
-            initializer=tf.keras.initializers.Constant(self.ridge_scale))
+            initializer=tf.keras.initializers.Constant(scale))
         return self.add_weight(name="ridge/scaled_log_strength", shape=[ridge_size(self.tower)],
                                trainable=True,
                                initializer=tf.keras.initializers.Constant(
-                                   math.log(self.config.ridge) / self.ridge_scale))
+                                   math.log(self.config.ridge) / scale))
 
     @property
     def ridge_variables(self) -> list[tf.Variable]:
