@@ -148,14 +148,19 @@ class PriorSection:
     With ``factors`` F > 0 (MeLU, rating head) the prior is a biased matrix factorisation
     of the training split (alternating least squares, F factors): each value's bias is its
     prior and its factor vector is read by MeLU's output layer, so adapting that layer per
-    user folds the user in; ``damping`` is then the factorisation's L2 strength (None:
-    chosen on the validation split by the fold-in's loss, from
-    ``references.MF_REGS``)."""
+    user folds the user in; ``damping`` is then the factorisation's L2 strength and
+    ``fold_in`` the ridge strength of a new user's factor and bias in that fold-in (None:
+    each chosen on the validation split by the fold-in's loss, the pair from
+    ``references.MF_REGS`` x ``references.MF_FOLD_IN``). The ridge solve of both models
+    (``meta.ridge``, ``eval.baseline_ridge``) shrinks the output layer's weights on the
+    factors and its bias at ``fold_in`` (the meta model from there, learned), its weights
+    on the last hidden layer at the ridge strength."""
 
     feature: str = ""
     damping: float | None = field(None, min=0.0)
     folds: int = field(5, min=1)
     factors: int = field(0, min=0)
+    fold_in: float | None = field(None, min_exclusive=0.0)
 
 
 @dataclasses.dataclass(frozen=True)

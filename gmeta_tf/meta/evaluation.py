@@ -13,8 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf.meta import metrics
-from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, resolve_fast_weights,
-                                        ridge_size)
+from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, initial_ridge,
+                                        resolve_fast_weights)
 from gmeta_tf.models.ctr_model import CTRModel
 from gmeta_tf.models.heads import Head
 
@@ -182,13 +182,12 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
     batched, as the meta model's inner loop) adapt the tower weights ``fast_weights``
     (default all) and the task's own embedding rows of ``adapted_embeddings`` (as
     ``MetaConfig.adapt_embeddings``), then, with ``ridge`` > 0, the output layer is solved
-    in closed form at that strength (``TaskAdapter.solve_output_layer``); the query rows
-    are scored. ``steps=0`` scores without fine-tuning. The model itself is not changed.
+    in closed form at that strength (``TaskAdapter.solve_output_layer``; the weights on a
+    label prior's factors and the bias at its fold-in strength, ``initial_ridge``); the
+    query rows are scored. ``steps=0`` scores without fine-tuning. The model itself is not
+    changed.
     """
-    strengths = None
-    if ridge:
-        size = ridge_size(model.tower)
-        strengths = lambda: tf.fill([size], float(ridge))  # noqa: E731
+    strengths = initial_ridge(model.tower, ridge) if ridge else None
     adapter = TaskAdapter(model.tower, model.head,
                           resolve_fast_weights(model.tower, fast_weights), adapted_embeddings,
                           steps, strengths)

@@ -29,6 +29,21 @@ def ridge_size(tower: Tower) -> int:
     return tower.params()[tower.output_layer[0]].shape[0] + 1
 
 
+def initial_ridge(tower: Tower, ridge: float) -> Callable[[], tf.Tensor]:
+    """The ridge strengths ``[ridge_size]`` a model's solve starts from (the baseline's,
+    which it keeps): ``ridge`` for each weight on the last hidden layer and, under a label
+    prior with factors (read by the output layer's last rows, ``MeLUTower.hidden``), the
+    prior's fold-in strength (``LabelPrior.fold_in_strength``) for each weight on a factor
+    and for the bias, so that with the hidden weights held the solve is the
+    factorisation's own fold-in of the task."""
+    size = ridge_size(tower)
+    factors = tower.prior.factors if tower.prior is not None else 0
+    if not factors:
+        return lambda: tf.fill([size], float(ridge))
+    folded_in = tf.constant([False] * (size - 1 - factors) + [True] * (factors + 1))
+    return lambda: tf.where(folded_in, tower.prior.fold_in_strength(), float(ridge))
+
+
 def resolve_fast_weights(tower: Tower, selectors: Sequence[str]) -> tuple[str, ...]:
     """Tower parameter names selected by names or name prefixes (empty: all of them).
 

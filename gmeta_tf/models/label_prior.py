@@ -119,6 +119,9 @@ class LabelPrior(tf.Module):
             # The damping it was fitted with; -1 before it is fitted.
             self.damping = tf.Variable(-1.0, trainable=False, name="damping")
             if factors:  # [n + 1, F] and [folds, n + 1, F] (folds > 1), last row 0
+                # The fold-in's ridge strength chosen with it; -1: none (a checkpoint from
+                # before it), the L2 in its place (``fold_in_strength``).
+                self.fold_in = tf.Variable(-1.0, trainable=False, name="fold_in")
                 self.factor_rows = tf.Variable(
                     tf.zeros([1, factors]), shape=tf.TensorShape([None, factors]),
                     trainable=False, name="factor_rows")
@@ -139,10 +142,11 @@ class LabelPrior(tf.Module):
 
     def assign(self, ids: np.ndarray, priors: np.ndarray, damping: float,
                fold_priors: np.ndarray | None = None, factors: np.ndarray | None = None,
-               fold_factors: np.ndarray | None = None) -> None:
+               fold_factors: np.ndarray | None = None, fold_in: float | None = None) -> None:
         """Sets the prior of each id (any order; ids must be distinct) and, with folds,
         ``fold_priors [folds, n]``: each id's prior fitted without fold k's tasks; with
-        ``factors`` F > 0, also ``factors [n, F]`` and (folds) ``fold_factors [folds, n, F]``."""
+        ``factors`` F > 0, also ``factors [n, F]``, (folds) ``fold_factors [folds, n, F]``
+        and the fold-in strength ``fold_in`` (None: the damping)."""
         ids = np.asarray(ids, np.int64)
         order = np.argsort(ids, kind="stable")
         ids, priors = ids[order], np.asarray(priors, np.float32)[order]
@@ -166,7 +170,13 @@ class LabelPrior(tf.Module):
         if self.factors:
             self.factor_rows.assign(rows)
             self.fold_factor_rows.assign(fold_rows)
+            self.fold_in.assign(float(damping if fold_in is None else fold_in))
         self.damping.assign(float(damping))
+
+    def fold_in_strength(self) -> tf.Tensor:
+        """The ridge strength of a new task's factor and bias in the fold-in (``factors`` >
+        0): the one chosen with the factorisation, or its L2 for a prior saved without it."""
+        return tf.where(self.fold_in >= 0.0, self.fold_in, self.damping)
 
     def _factor_rows(self, order: np.ndarray, factors, fold_factors):
         """The factor variables' values, in ``order`` with the unknown id's zero row."""

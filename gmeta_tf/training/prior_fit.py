@@ -13,11 +13,13 @@ from each rank's loss on its own shard, summed.
 A prior with factors (``model.prior.factors``) is a matrix factorisation instead, fitted
 by alternating least squares on the training rows of every rank (each rank's rows of the
 feature, label and task are gathered; the rows, not the table, cross the network, so it
-suits ratings of a few million rows). Its L2 strength, unless configured, is the one of
-``references.MF_REGS`` whose fold-in (each validation task's bias and factor the ridge
-fit of its support rows at that strength) has the lowest loss on the validation tasks'
-query rows, each rank scoring its own. Every rank fits the same rows in the same order;
-rank 0's result is then broadcast so the ranks' priors are equal to the bit.
+suits ratings of a few million rows). Its L2 strength and the fold-in strength, unless
+configured, are the pair of ``references.MF_REGS`` x ``references.MF_FOLD_IN`` whose
+fold-in (each validation task's bias and factor the ridge fit of its support rows at the
+fold-in strength, on the items' factors at the L2) has the lowest loss on the validation
+tasks' query rows, each rank scoring its own, as the factorisation reference chooses.
+Every rank fits the same rows in the same order; rank 0's result is then broadcast so the
+ranks' priors are equal to the bit.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from gmeta_tf import distributed
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.label_prior import LabelPrior
-from gmeta_tf.training.references import (DAMPINGS, MF_REGS, FactorModel, FeatureMean,
-                                          loss_of, query_rows, rows_of)
+from gmeta_tf.training.references import (DAMPINGS, MF_FOLD_IN, MF_REGS, FactorModel,
+                                          FeatureMean, loss_of, query_rows, rows_of)
 
 log = logging.getLogger(__name__)
 _ROWS_PER_READ = 4096
@@ -63,13 +65,14 @@ def _shard_rows(config: PipelineConfig, split: str, names: list[str],
     return rows_of(_dataset(config, split, names).rows(_ROWS_PER_READ), names + [TASK_COLUMN])
 
 
-def _read_validation(read: Callable[[], T], what: str, setting: str) -> T:
+def _read_validation(read: Callable[[], T], what: str, setting: str,
+                     key: str = "damping") -> T:
     """``read()`` of the validation split, a missing or unreadable split refused as the
-    reason ``model.prior.damping`` None cannot choose ``what``."""
+    reason ``model.prior.<key>`` None cannot choose ``what``."""
     try:
         return read()
     except meta_io.DataError as err:
-        raise ConfigError(f"config key 'model.prior.damping' = None is not allowed without "
+        raise ConfigError(f"config key 'model.prior.{key}' = None is not allowed without "
                           f"a validation split to choose {what} on ({err}): set {setting}, "
                           f"e.g. 10") from err
 
@@ -109,30 +112,34 @@ def _validation_losses(kind: str, mean: FeatureMean, valid: dict[str, np.ndarray
             int(total))
 
 
-def _fold_in_losses(model_of: dict, valid: list, feature: str, label: str
-                    ) -> tuple[dict[float, float], int]:
-    """Each L2 strength's fold-in loss (``loss_of``) over every rank's validation query
-    rows, and how many rows that is."""
+def _fold_in_losses(model_of: dict, strengths: tuple[float, ...], valid: list,
+                    feature: str, label: str) -> tuple[dict[tuple[float, float], float], int]:
+    """The fold-in loss (``loss_of``) over every rank's validation query rows of each L2
+    strength's factorisation (``model_of``) at each fold-in strength, keyed ``(L2,
+    fold-in)``, and how many rows that is."""
     labels = query_rows(valid, [label])[label]
     n = len(labels)
-    sums = []
+    keys, sums = [], []
     for reg, model in model_of.items():
-        preds = []
-        for batch in valid:
-            s, q = batch["support"], batch["query"]
-            ids = [np.asarray(r[feature]).reshape(np.shape(r["mask"])) for r in (s, q)]
-            pred = model.fold_in(ids[0], s[label], np.asarray(s["mask"], np.float64), ids[1],
-                                 reg)
-            preds.append(pred[np.asarray(q["mask"]) > 0])
-        sums.append(loss_of("rating", labels, np.concatenate(preds)) * n if n else 0.0)
+        for strength in strengths:
+            preds = []
+            for batch in valid:
+                s, q = batch["support"], batch["query"]
+                ids = [np.asarray(r[feature]).reshape(np.shape(r["mask"])) for r in (s, q)]
+                pred = model.fold_in(ids[0], s[label], np.asarray(s["mask"], np.float64),
+                                     ids[1], strength)
+                preds.append(pred[np.asarray(q["mask"]) > 0])
+            keys.append((reg, strength))
+            sums.append(loss_of("rating", labels, np.concatenate(preds)) * n if n else 0.0)
     *sums, rows = distributed.sum_over_ranks(np.array(sums + [n], np.float64))
-    return ({r: float(s / rows) for r, s in zip(model_of, sums)} if rows else {}, int(rows))
+    return ({k: float(s / rows) for k, s in zip(keys, sums)} if rows else {}, int(rows))
 
 
 def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
-                 ) -> dict[float, float]:
-    """Fits a prior with factors (see the module docstring); returns each L2 strength's
-    validation loss (empty when ``model.prior.damping`` is set)."""
+                 ) -> dict[tuple[float, float], float]:
+    """Fits a prior with factors (see the module docstring); returns the validation loss
+    of each (L2, fold-in strength) pair tried (empty when ``model.prior.damping`` and
+    ``model.prior.fold_in`` are both set)."""
     label, feature = config.model.head.label, prior.feature
     tasks, items = (distributed.allgather(np.asarray(train[k]).astype(np.int64))
                     for k in (TASK_COLUMN, feature))
@@ -146,22 +153,27 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
                            reg=reg)
 
     every = np.ones(len(labels), bool)
-    reg, losses = config.model.prior.damping, {}
+    section = config.model.prior
+    reg, strength, losses = section.damping, section.fold_in, {}
     split = config.train.validation_split
-    if reg is None:
-        models = {r: fit(every, r) for r in MF_REGS}
+    if reg is None or strength is None:
+        models = {r: fit(every, r) for r in (MF_REGS if reg is None else (reg,))}
         names = [feature, label]
+        unset = "damping" if reg is None else "fold_in"
         valid = _read_validation(
             lambda: [{role: {k: np.asarray(v) for k, v in batch[role].items()}
                       for role in ("support", "query")}
                      for batch in _shard_tasks(config, split, names)],
-            "the factorisation's L2", "one")
-        losses, rows = _fold_in_losses(models, valid, feature, label)
+            "the factorisation's L2 and fold-in strength", "model.prior.damping and "
+            "model.prior.fold_in", key=unset)
+        losses, rows = _fold_in_losses(
+            models, MF_FOLD_IN if strength is None else (strength,), valid, feature, label)
         if not rows:
-            raise ConfigError(f"config key 'model.prior.damping' = None is not allowed: the "
+            raise ConfigError(f"config key 'model.prior.{unset}' = None is not allowed: the "
                               f"validation split {split!r} has no query rows to choose the "
-                              f"factorisation's L2 on; set one, e.g. 10")
-        reg = min(losses, key=losses.get)
+                              f"factorisation's L2 and fold-in strength on; set "
+                              f"model.prior.damping and model.prior.fold_in, e.g. 10 and 3")
+        reg, strength = min(losses, key=losses.get)
         whole = models[reg]
     else:
         whole = fit(every, reg)
@@ -176,23 +188,24 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
     fold_parts = [bias_and_factors(m) for m in folds]
     prior.assign(keys, whole.biases, reg,
                  np.stack([b for b, _ in fold_parts]) if folds else None, whole.factors,
-                 np.stack([q for _, q in fold_parts]) if folds else None)
+                 np.stack([q for _, q in fold_parts]) if folds else None, fold_in=strength)
     variables = [prior.ids, prior.values, prior.fold_values, prior.factor_rows,
-                 prior.fold_factor_rows, prior.damping]
+                 prior.fold_factor_rows, prior.damping, prior.fold_in]
     distributed.broadcast_variables(variables)
     log.info("label prior of %r: a matrix factorisation with %d factors of %d values from %d "
-             "training rows (mean %.4g), L2 %g, %s%s", feature, prior.factors, len(keys),
-             len(labels), whole.mean, reg,
+             "training rows (mean %.4g), L2 %g, a new task folded in at strength %g, %s%s",
+             feature, prior.factors, len(keys), len(labels), whole.mean, reg, strength,
              f"training rows read it out of {prior.folds} folds of tasks"
              if folds else "training rows read it with their own labels",
-             f" (validation fold-in MAE per L2: {losses})" if losses else "")
+             f" (validation fold-in MAE per (L2, strength): "
+             f"{ {k: round(v, 5) for k, v in losses.items()} })" if losses else "")
     return losses
 
 
-def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict[float, float]:
+def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict:
     """Fits ``prior`` on the training split (on every rank at once, each reading its
-    shard); returns the validation loss of each damping (or, with factors, L2 strength)
-    tried (empty when ``model.prior.damping`` is set).
+    shard); returns the validation loss of each damping (or, with factors, each (L2,
+    fold-in strength) pair) tried (empty when nothing was left to choose).
 
     Raises:
         ConfigError: No damping is configured and the validation split has no rows.

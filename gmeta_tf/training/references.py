@@ -44,7 +44,7 @@ DAMPINGS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
 L2_PENALTIES = (1e-6, 1e-5, 1e-4, 1e-3)
 MF_FACTORS = 32
 MF_REGS = (3.0, 10.0, 30.0)       # L2 of the factorisation's factors and biases
-MF_FOLD_IN = (1.0, 3.0, 10.0)     # ridge strength of a new task's factor and bias
+MF_FOLD_IN = (0.3, 1.0, 3.0, 10.0, 30.0)  # ridge strength of a new task's factor and bias
 MF_SWEEPS = 6
 _EPS = 1e-3
 

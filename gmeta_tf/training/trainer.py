@@ -60,6 +60,7 @@ from gmeta_tf.config import ConfigError, PipelineConfig, dump_config, tuned_worl
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.training.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
+from gmeta_tf.meta.task_adapter import initial_ridge
 from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.devices import configure_devices
@@ -340,6 +341,10 @@ class Trainer:
             prior = models.model.tower.prior
             if prior is not None and not prior.fitted:  # a resumed run restored it
                 fit_prior(prior, self.config)
+                if start == 0 and getattr(models.model, "ridge_variable", None) is not None:
+                    # the learned strengths start where the baseline's stay (initial_ridge)
+                    models.model.set_ridge_strengths(
+                        initial_ridge(models.model.tower, self.config.meta.ridge)().numpy())
             return self._run(models, start)
         except BaseException:
             self._restore_aside()

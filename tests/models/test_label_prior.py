@@ -6,6 +6,8 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf.meta import MetaConfig, MetaModel, role_batches, task_rows
+from gmeta_tf.meta.evaluation import fine_tuned_predictions
+from gmeta_tf.meta.task_adapter import initial_ridge
 from gmeta_tf.models import CTRModel, DLRMTower, LabelPrior, MeLUTower, RatingHead
 from gmeta_tf.models.label_prior import PRIOR_INPUT
 from gmeta_tf.models.tower import PRIOR_SCALE
@@ -258,11 +260,7 @@ def test_a_ridge_adapted_melu_reading_factor_priors_is_the_factorisation_fold_in
     is the matrix-factorisation reference: each user's bias and factor the ridge fit of
     its support residuals, its query predictions mean + item bias + item factor . user
     factor (``references.FactorModel.fold_in``)."""
-    rng = np.random.default_rng(5)
-    users, items = rng.integers(0, 40, 600), rng.integers(0, 12, 600)
-    taste, kind = rng.normal(size=(40, 3)), rng.normal(size=(12, 3))
-    ratings = np.clip(3 + (taste[users] * kind[items]).sum(1) + rng.normal(0, .3, 600), 1, 5)
-    fitted = FactorModel(users, items, ratings, factors=3, reg=3.0)
+    fitted = _fold_in_data(5)
     prior = LabelPrior("item_id", "rating", factors=3)
     prior.assign(fitted.keys, fitted.biases, 3.0, factors=fitted.factors)
     tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
@@ -282,3 +280,43 @@ def test_a_ridge_adapted_melu_reading_factor_priors_is_the_factorisation_fold_in
     real = batch["query"]["mask"] > 0
     np.testing.assert_allclose(model.adapted_predictions(batch).numpy()[real], want[real],
                                rtol=1e-4, atol=1e-4)
+
+
+def _fold_in_data(seed: int):
+    """Ratings of 40 users on 12 items from 3 latent factors, and their factorisation."""
+    rng = np.random.default_rng(seed)
+    users, items = rng.integers(0, 40, 600), rng.integers(0, 12, 600)
+    taste, kind = rng.normal(size=(40, 3)), rng.normal(size=(12, 3))
+    ratings = np.clip(3 + (taste[users] * kind[items]).sum(1) + rng.normal(0, .3, 600), 1, 5)
+    return FactorModel(users, items, ratings, factors=3, reg=3.0)
+
+
+def test_the_solve_shrinks_the_factors_and_bias_at_the_priors_fold_in_strength():
+    """``initial_ridge``: the weights on the last hidden layer at the ridge strength, the
+    weights on the prior's factors and the bias at the fold-in strength chosen with the
+    factorisation (its L2 for a prior saved without one). The baseline's solve with the
+    MLP at zero is then the factorisation's fold-in at that strength, whatever its ridge
+    strength; the meta model starts from the same strengths."""
+    fitted = _fold_in_data(5)
+    prior = LabelPrior("item_id", "rating", factors=3)
+    prior.assign(fitted.keys, fitted.biases, 3.0, factors=fitted.factors, fold_in=0.5)
+    tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
+    tower.prior = prior
+    baseline = CTRModel(tiny.embedding(), tower, RatingHead("rating", offset=fitted.mean))
+    np.testing.assert_allclose(initial_ridge(tower, 30.0)().numpy(),
+                               [30.0] * tiny.HIDDEN + [0.5] * 4)
+    _zero_tower(tower)
+    tower.params()[PRIOR_SCALE].assign(1.0)
+    batch = tiny.tasks(4, support=8, query=4, seed=6)
+    support, real = batch["support"], batch["query"]["mask"] > 0
+    for strength in (0.5, 3.0):
+        want = fitted.fold_in(support["item_id"], support["rating"], support["mask"],
+                              batch["query"]["item_id"], strength)
+        got = fine_tuned_predictions(baseline, 1, 1e-9, ridge=30.0)(batch).numpy()
+        np.testing.assert_allclose(got[real], want[real], rtol=1e-4, atol=1e-4)
+        prior.fold_in.assign(-1.0)  # saved before the fold-in strength: the L2, 3
+    meta = MetaModel(tiny.embedding(), tower, RatingHead("rating", offset=fitted.mean),
+                     MetaConfig("maml", inner_steps=1, inner_lr=1e-9, ridge=30.0))
+    meta.set_ridge_strengths(initial_ridge(tower, 30.0)().numpy())
+    np.testing.assert_allclose(meta.ridge_strengths().numpy(),
+                               [30.0] * tiny.HIDDEN + [3.0] * 4, rtol=1e-5)

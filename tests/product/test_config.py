@@ -93,6 +93,8 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
      "head"),
     ("model.prior={feature: item_id, factors: -1}", "'model.prior.factors' = -1 is not "
                                                     "allowed: expected an integer >= 0"),
+    ("model.prior={feature: item_id, fold_in: 0}", "'model.prior.fold_in' = 0.0 is not "
+                                                   "allowed: expected a number > 0"),
 ])
 def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:

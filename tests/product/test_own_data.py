@@ -128,13 +128,14 @@ def test_the_factor_prior_is_the_factorisation_of_every_ranks_warm_rows(ratings_
     factorisation of all of them, at the L2 chosen on validation."""
     from gmeta_tf.data.schema import TASK_COLUMN
     from gmeta_tf.training.cold_start import restore_models
-    from gmeta_tf.training.references import MF_REGS, FactorModel, rows_of
+    from gmeta_tf.training.references import MF_FOLD_IN, MF_REGS, FactorModel, rows_of
 
     _, _, config, _ = ratings_run
     prior = restore_models(config)[0].model.tower.prior
     assert prior.factors == config.model.prior.factors > 0
     reg = float(prior.damping.numpy())
-    assert reg in MF_REGS  # chosen on the validation split
+    assert reg in MF_REGS  # chosen on the validation split, with the fold-in strength
+    assert float(prior.fold_in_strength().numpy()) in MF_FOLD_IN
     rows = rows_of(meta_io.TaskDataset(config.data.path, "warm", rank=0, size=1).rows(4096),
                    ["item_id", "rating", TASK_COLUMN])
     fitted = FactorModel(rows[TASK_COLUMN], rows["item_id"], rows["rating"],
