@@ -47,8 +47,10 @@ class MetaConfig:
         ridge: After the k inner steps, set the tower's output layer to the closed-form
             ridge regression fit of the task's support rows on the adapted last hidden
             layer, shrunk toward the slow output layer with strength ``ridge`` per weight
-            (the meta model learns one strength per weight from this start; the baseline,
-            fine-tuned the same way, keeps ``eval.baseline_ridge``). The exact minimiser
+            (the weights on a factor prior's factors and the bias at its fold-in strength
+            instead, ``task_adapter.initial_ridge``; the meta model learns one strength
+            per weight from this start; the baseline, fine-tuned the same way, keeps
+            ``eval.baseline_ridge``). The exact minimiser
             of the support loss plus the penalty, where k SGD steps only approach it
             (R2-D2, Bertinetto et al. ICLR 2019). A rating head (squared error) only. 0: off.
         ridge_lr: The outer learning rate of the learned strengths' logs (None: the outer

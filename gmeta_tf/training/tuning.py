@@ -28,7 +28,8 @@ rate, learned inner rates (none, per tensor, per element, each optionally per st
 Meta-SGD / MAML++), multi-step loss, outer learning rate, pre-training steps
 (``train.pretrain_steps``), its tables' learning rate (one for every table), the weight
 of its embedding rows' L2 penalty (``train.embedding_l2``) and, for a
-MeLU rating model, the ridge strength of its output layer (``meta.ridge``, 0 = off); the
+MeLU rating model, the ridge strength of its output layer (``meta.ridge``, 0 = off; its
+weights on a factor prior's factors and its bias keep the prior's fold-in strength); the
 baseline's learning rate, its tables' learning rate
 (``train.baseline_table_learning_rate``), its embedding penalty
 (``train.baseline_embedding_l2``, the same choices), fine-tuning rate and fine-tuning steps
