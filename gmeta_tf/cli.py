@@ -83,11 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", action="append", metavar="PATH",
                     help="score this dataset directory or raw file instead of eval.data "
                          "(repeatable); each result goes to <run_dir>/eval/<name>.json")
-    ev.add_argument("--validation", action="store_true",
-                    help="also score the validation split (train.validation_split) the same "
-                         "way, first: which model to ship, chosen before the cold split is "
-                         "looked at (figures optimistic for every contender: checkpoints and "
-                         "settings were chosen on it)")
+    scored = ev.add_mutually_exclusive_group()
+    scored.add_argument("--validation", action="store_true",
+                        help="also score the validation split (train.validation_split) the "
+                             "same way, first: which model to ship, chosen before the cold "
+                             "split is looked at (figures optimistic for every contender: "
+                             "checkpoints and settings were chosen on it)")
+    scored.add_argument("--validation-only", action="store_true",
+                        help="score the validation split alone, not the cold split or eval "
+                             "data: for choosing anything (settings, the model to ship) "
+                             "without seeing the test figures")
     ex = _with_config(sub.add_parser("export", help="export a SavedModel for serving"))
     ex.add_argument("--checkpoint", help="checkpoint directory (default: the model's best on "
                                          "validation, else the latest)")
@@ -201,7 +206,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from gmeta_tf.training.cold_start import evaluate_pipeline
 
     for result in evaluate_pipeline(_config(args), args.checkpoint, args.data,
-                                    validation=args.validation):
+                                    validation=args.validation or args.validation_only,
+                                    validation_only=args.validation_only):
         chosen = result.get("chosen") or {}
         steps = ", ".join(f"{n} step {c['step']}" for n, c in chosen.items())
         print(f"{result['name']} ({result['file']}; checkpoints: "

@@ -103,7 +103,8 @@ def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:
 
 
 def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
-                      data: list[str] | None = None, validation: bool = False) -> list[dict]:
+                      data: list[str] | None = None, validation: bool = False,
+                      validation_only: bool = False) -> list[dict]:
     """Scores the run on its evaluation split and data files; writes one JSON each.
 
     Args:
@@ -115,6 +116,8 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
             same way: which model to ship, chosen before the cold split is looked at. Its
             figures are optimistic for every contender (checkpoints, tuned settings and
             the references' settings were chosen on it).
+        validation_only: Score the validation split alone (neither the evaluation split
+            nor any data): what a choice made while experimenting may look at.
 
     Returns:
         Per scored set: ``{"name", "step", "checkpoint", "rows": [per-model metrics],
@@ -125,16 +128,21 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
 
     # Every key naming a split or a label is checked against every set to score before
     # the models are restored and anything is scored.
+    if validation_only and data:
+        raise ConfigError(f"--data {data} is not allowed with --validation-only: expected "
+                          f"the validation split alone to be scored")
+    validation = validation or validation_only
     check_against_dataset(config, meta_io.Manifest.load(config.data.path), training=False,
-                          eval_split=bool(config.eval.split), validation=validation)
+                          eval_split=bool(config.eval.split) and not validation_only,
+                          validation=validation)
     # (name, split, dataset, role) of every set to score
     targets: list[tuple[str, str | None, str | None, str]] = []
     if validation:
         split = config.train.validation_split
         targets.append((split, split, None, "validation"))
-    if config.eval.split:
+    if config.eval.split and not validation_only:
         targets.append((config.eval.split, config.eval.split, None, "evaluation"))
-    for item in (data if data is not None else config.eval.data):
+    for item in ([] if validation_only else data if data is not None else config.eval.data):
         name, dataset = eval_dataset(config, item)
         check_against_dataset(config, meta_io.Manifest.load(dataset), training=False,
                               eval_split=False)

@@ -21,6 +21,8 @@ from tests.product.conftest import cold_query_rows, pooled_auc, task_rows, tiny_
 
 pytestmark = pytest.mark.horovod  # the module's fixture trains under horovodrun -np 2
 UNKNOWN_ID = 987_654_321_000
+MAML_PLUS_PLUS = ["meta.inner_steps=2", "meta.learn_inner_lr=true",
+                  "meta.inner_lr_per_step=true", "meta.inner_lr_per_element=true"]
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +31,7 @@ def trained(tiny_data, tmp_path_factory):
     inner loop has 2 steps with learned rates per step and per element (MAML++), which the
     exported ``adapt`` signature must follow."""
     run_dir = tmp_path_factory.mktemp("round_trip")
-    overrides = tiny_overrides(run_dir, tiny_data) + [
-        "meta.inner_steps=2", "meta.learn_inner_lr=true", "meta.inner_lr_per_step=true",
-        "meta.inner_lr_per_element=true"]
+    overrides = tiny_overrides(run_dir, tiny_data) + MAML_PLUS_PLUS
     sets = [a for o in overrides for a in ("--set", o)]
     run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=900)
     assert main(["eval", "--validation", *sets]) == 0
@@ -98,6 +98,27 @@ def test_eval_validation_scores_the_validation_split_the_same_way(trained):
     assert (plain["tasks"], plain["rows"]) == (tasks, len(labels))
     assert tasks != next(r for r in cold["rows"] if r["name"] == "meta, no adaptation")["tasks"]
     np.testing.assert_allclose(plain["auc"], pooled_auc(labels, scores), atol=1e-4)
+
+
+def test_eval_validation_only_scores_the_validation_split_alone(trained, tiny_data, capsys):
+    """``gmeta eval --validation-only`` prints and writes the validation split's table and
+    leaves the cold split unscored: its result file is not rewritten."""
+    eval_dir = Path(trained.run_dir, "eval")
+    cold = eval_dir / f"{trained.eval.split}.json"
+    before = (cold.read_bytes(), cold.stat().st_mtime_ns)
+    overrides = tiny_overrides(Path(trained.run_dir), tiny_data) + MAML_PLUS_PLUS
+    sets = [a for o in overrides for a in ("--set", o)]
+    capsys.readouterr()
+    assert main(["eval", "--validation-only", *sets]) == 0
+    out = capsys.readouterr().out
+    split = trained.train.validation_split
+    assert f"{split} ({eval_dir / split}.json" in out
+    assert f"{trained.eval.split} (" not in out
+    assert (cold.read_bytes(), cold.stat().st_mtime_ns) == before
+    valid = json.loads((eval_dir / f"{split}.json").read_text())
+    assert valid["role"] == "validation" and valid["rows"]
+    assert main(["eval", "--validation-only", "--data", str(tiny_data), *sets]) == 2
+    assert "is not allowed with --validation-only" in capsys.readouterr().err
 
 
 def test_eval_validation_refuses_a_split_the_dataset_lacks(trained, tiny_data, capsys):
