@@ -96,6 +96,20 @@ shrinks as a damped mean does; Zhou et al. KDD 2018) at lambda 3 / 10 / 30: AUC 
 than 0.8080 / 0.8340 / 0.8462. None came nearer the offset model than the run-to-run
 spread.
 
+With the factor prior's fold-in strength chosen with its L2 on validation and the factor
+weights and bias of both models' ridge solve shrunk at it (``model.prior.fold_in``, the
+default since 3bdb52f; 2026-11-26, ``--seeds 0,1,2 --trials 8 --jobs 1``, 86 minutes
+beside the rare-item run and a CI run): MovieLens 100K, MAML 0.7550 / 0.7654 / 0.8739,
+the baseline 0.7534 / 0.7620 / 0.8706, the factorisation 0.7583 / 0.7657 / 0.8747;
+against the baseline AUC +0.0025/-0.0060/+0.0081, MAE +0.0027/-0.0159/+0.0028, nDCG@3
++0.0061/-0.0013/+0.0052 (6 of 9: seed 1, where tune chose k = 1, lost all three),
+against the factorisation AUC -0.0045/-0.0009/-0.0044, MAE +0.0098/-0.0081/-0.0008,
+nDCG@3 +0.0026/+0.0010/-0.0062 (3 of 9), against item mean + offset 9 of 9; not
+reached. The rare-item command: MAML 0.7397 / 0.7962 / 0.8568 (from 0.7325 / 0.8061 /
+0.8534), the baseline 0.7380 / 0.7970 / 0.8569, the factorisation 0.7381 / 0.7962 /
+0.8611; against the baseline 6 of 9 (from 1), the factorisation 5 of 9 (from 1), item
+mean + offset 8 of 9 (from 6); not reached.
+
 With the ridge strengths learned at their own rate (``meta.ridge_lr`` 0.02, the default
 since d395959; the pipeline as shipped; 2026-11-26, ``--seeds 0,1,2 --trials 8 --jobs
 1``): MovieLens 100K, MAML 0.7566 / 0.7611 / 0.8756, the baseline 0.7519 / 0.7618 /
