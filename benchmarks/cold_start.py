@@ -98,7 +98,7 @@ spread.
 
 With the factor prior's fold-in strength chosen with its L2 on validation and the factor
 weights and bias of both models' ridge solve shrunk at it (``model.prior.fold_in``, the
-default since 3bdb52f; 2026-11-26, ``--seeds 0,1,2 --trials 8 --jobs 1``, 86 minutes
+default since 3bdb52f; 2026-11-26, ``--seeds 0,1,2 --trials 8 --jobs 1``, 80 minutes
 beside the rare-item run and a CI run): MovieLens 100K, MAML 0.7550 / 0.7654 / 0.8739,
 the baseline 0.7534 / 0.7620 / 0.8706, the factorisation 0.7583 / 0.7657 / 0.8747;
 against the baseline AUC +0.0025/-0.0060/+0.0081, MAE +0.0027/-0.0159/+0.0028, nDCG@3
