@@ -206,7 +206,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from gmeta_tf.training.cold_start import evaluate_pipeline
 
     for result in evaluate_pipeline(_config(args), args.checkpoint, args.data,
-                                    validation=args.validation or args.validation_only,
+                                    validation=args.validation,
                                     validation_only=args.validation_only):
         chosen = result.get("chosen") or {}
         steps = ", ".join(f"{n} step {c['step']}" for n, c in chosen.items())

@@ -126,12 +126,12 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
     from gmeta_tf.training.dataset_prep import eval_dataset
     from gmeta_tf.training.evaluation import fit_reference_predictors
 
-    # Every key naming a split or a label is checked against every set to score before
-    # the models are restored and anything is scored.
     if validation_only and data:
         raise ConfigError(f"--data {data} is not allowed with --validation-only: expected "
                           f"the validation split alone to be scored")
     validation = validation or validation_only
+    # Every key naming a split or a label is checked against every set to score before
+    # the models are restored and anything is scored.
     check_against_dataset(config, meta_io.Manifest.load(config.data.path), training=False,
                           eval_split=bool(config.eval.split) and not validation_only,
                           validation=validation)

@@ -119,16 +119,17 @@ def _fold_in_losses(model_of: dict, strengths: tuple[float, ...], valid: list,
     fold-in)``, and how many rows that is."""
     labels = query_rows(valid, [label])[label]
     n = len(labels)
+    # each batch's (support ids, support labels, support mask, query ids, real query rows),
+    # the same for every pair
+    tasks = [(*(np.asarray(r[feature]).reshape(np.shape(r["mask"]))
+                for r in (b["support"], b["query"])),
+              b["support"][label], np.asarray(b["support"]["mask"], np.float64),
+              np.asarray(b["query"]["mask"]) > 0) for b in valid]
     keys, sums = [], []
     for reg, model in model_of.items():
         for strength in strengths:
-            preds = []
-            for batch in valid:
-                s, q = batch["support"], batch["query"]
-                ids = [np.asarray(r[feature]).reshape(np.shape(r["mask"])) for r in (s, q)]
-                pred = model.fold_in(ids[0], s[label], np.asarray(s["mask"], np.float64),
-                                     ids[1], strength)
-                preds.append(pred[np.asarray(q["mask"]) > 0])
+            preds = [model.fold_in(s_ids, s_labels, s_mask, q_ids, strength)[real]
+                     for s_ids, q_ids, s_labels, s_mask, real in tasks]
             keys.append((reg, strength))
             sums.append(loss_of("rating", labels, np.concatenate(preds)) * n if n else 0.0)
     *sums, rows = distributed.sum_over_ranks(np.array(sums + [n], np.float64))
