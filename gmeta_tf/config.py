@@ -154,13 +154,19 @@ class PriorSection:
     ``references.MF_REGS`` x ``references.MF_FOLD_IN``). The ridge solve of both models
     (``meta.ridge``, ``eval.baseline_ridge``) shrinks the output layer's weights on the
     factors and its bias at ``fold_in`` (the meta model from there, learned), its weights
-    on the last hidden layer at the ridge strength."""
+    on the last hidden layer at the ridge strength. Each model's adapted output is then
+    blended with the factorisation's own fold-in: ``blend * adapted + (1 - blend) *
+    fold-in`` (the factorisation alone holds less noise; a network trained on the
+    training users' query rows trusts itself more than new users bear out). ``blend``
+    None: chosen for each model at every validation, the weight in [0, 1] with the least
+    squared error on the validation query rows; 1: no blend."""
 
     feature: str = ""
     damping: float | None = field(None, min=0.0)
     folds: int = field(5, min=1)
     factors: int = field(0, min=0)
     fold_in: float | None = field(None, min_exclusive=0.0)
+    blend: float | None = field(None, min=0.0, max=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -696,6 +702,10 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("model.prior.factors", model.prior.factors,
                     f"0 for tower '{model.tower}' with a '{model.head.kind}' head (the "
                     f"factorisation is of ratings, read by MeLU's output layer)")
+    if model.prior is not None and model.prior.blend is not None and not model.prior.factors:
+        raise _fail("model.prior.blend", model.prior.blend,
+                    "None without model.prior.factors (the blend is with the factorisation's "
+                    "fold-in)")
     for f in config.meta.adapt_embeddings:
         if f not in tower_sparse:
             raise _fail("meta.adapt_embeddings", list(config.meta.adapt_embeddings),

@@ -13,10 +13,12 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf.meta import metrics
-from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, initial_ridge,
-                                        resolve_fast_weights)
+from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, fold_in_outputs,
+                                        initial_ridge, resolve_fast_weights)
+from gmeta_tf.meta.task_batch import ROLES, RoleBatch
 from gmeta_tf.models.ctr_model import CTRModel
 from gmeta_tf.models.heads import Head
+from gmeta_tf.models.tower import Tower
 
 PredictFn = Callable[[Mapping], tf.Tensor]
 
@@ -175,7 +177,7 @@ def report_from_rows(task_ids: np.ndarray, predictions: np.ndarray, labels: np.n
 def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
                            fast_weights: tuple[str, ...] = (),
                            adapted_embeddings: tuple[str, ...] = (),
-                           ridge: float = 0.0) -> PredictFn:
+                           ridge: float = 0.0, blended: bool = True) -> PredictFn:
     """The non-meta baseline's predict function: fine-tune on each task's support set.
 
     ``steps`` SGD steps at ``learning_rate`` on the support rows of each task (all tasks
@@ -184,8 +186,9 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
     ``MetaConfig.adapt_embeddings``), then, with ``ridge`` > 0, the output layer is solved
     in closed form at that strength (``TaskAdapter.solve_output_layer``; the weights on a
     label prior's factors and the bias at its fold-in strength, ``initial_ridge``); the
-    query rows are scored. ``steps=0`` scores without fine-tuning. The model itself is not
-    changed.
+    query rows are scored, blended with the label prior's fold-in at the tower's
+    ``prior_blend`` (``blended``, as the meta model's are). ``steps=0`` scores without
+    fine-tuning. The model itself is not changed.
     """
     strengths = initial_ridge(model.tower, ridge) if ridge else None
     adapter = TaskAdapter(model.tower, model.head,
@@ -194,6 +197,20 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
     rates = {n: tf.constant(float(learning_rate)) for n in adapter.fast_names}
 
     def predict(batch):
-        return model.head.predict(adapted_outputs(model.embedding, adapter, batch, rates))
+        return model.head.predict(adapted_outputs(model.embedding, adapter, batch, rates,
+                                                  blended=blended))
+
+    return traced_once(predict)
+
+
+def fold_in_predictions(tower: Tower, head: Head) -> PredictFn:
+    """The label prior's factorisation alone, each task folded in on its support rows
+    (``task_adapter.fold_in_outputs``): what an adapted tower's predictions are blended
+    with. Reads the batch's prior feature and labels only (no embedding)."""
+    def predict(batch):
+        support, query = (RoleBatch(tower.raw_inputs(batch[r]),
+                                    tf.cast(batch[r][head.label], tf.float32),
+                                    tf.cast(batch[r]["mask"], tf.float32), {}) for r in ROLES)
+        return head.predict(fold_in_outputs(tower, head, support, query))
 
     return traced_once(predict)

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from gmeta_tf.meta.task_batch import RoleBatch, role_batches
 from gmeta_tf.models.heads import Head
+from gmeta_tf.models.label_prior import PRIOR_FACTORS, PRIOR_INPUT
 from gmeta_tf.models.tower import Tower
 
 EMBEDDING_PREFIX = "embedding/"
@@ -42,6 +43,47 @@ def initial_ridge(tower: Tower, ridge: float) -> Callable[[], tf.Tensor]:
         return lambda: tf.fill([size], float(ridge))
     folded_in = tf.constant([False] * (size - 1 - factors) + [True] * (factors + 1))
     return lambda: tf.where(folded_in, tower.prior.fold_in_strength(), float(ridge))
+
+
+def ridge_fit(z: tf.Tensor, residual: tf.Tensor, mask: tf.Tensor,
+              strengths: tf.Tensor) -> tf.Tensor:
+    """Every task's ridge fit ``[T, d]`` of ``residual [T, S]`` on ``z [T, S, d]`` over its
+    real rows (``mask [T, S]``): ``(sum z z' + diag(strengths))^-1 sum z residual``, the
+    strengths ``[d]`` floored at ``MIN_RIDGE``."""
+    # Solved in float64: the Gram matrix of ~50 rows and the smallest learned strengths
+    # can be too ill-conditioned for a float32 Cholesky factor.
+    z64 = tf.cast(z, tf.float64)
+    masked = z64 * tf.cast(mask, tf.float64)[..., None]
+    strengths = tf.maximum(tf.cast(strengths, tf.float64), MIN_RIDGE)
+    gram = tf.matmul(masked, z64, transpose_a=True) + tf.linalg.diag(strengths)
+    rhs = tf.linalg.matvec(masked, tf.cast(residual, tf.float64), transpose_a=True)
+    return tf.cast(tf.linalg.cholesky_solve(tf.linalg.cholesky(gram), rhs[..., None])[..., 0],
+                   tf.float32)
+
+
+def fold_in_outputs(tower: Tower, head: Head, support: RoleBatch, query: RoleBatch
+                    ) -> tf.Tensor:
+    """The label prior's factorisation alone, each task folded in on its support rows
+    (``references.FactorModel.fold_in`` with the head's offset as the mean): raw outputs
+    ``[T, Q]``, the item's prior plus ``q_item . p_task + b_task``, where ``(p_task,
+    b_task)`` is the ridge fit of the support ratings less the offset and the items' priors
+    at the prior's fold-in strength. Reads only the prior's inputs (``raw_inputs``).
+
+    Raises:
+        ValueError: The tower has no label prior with factors.
+    """
+    prior = tower.prior
+    if prior is None or not prior.factors:
+        raise ValueError(f"{tower.name}: the fold-in needs a label prior with factors")
+
+    def with_one(role):
+        q = role.inputs[PRIOR_FACTORS]
+        return tf.concat([q, tf.ones_like(q[..., :1])], axis=-1)                # [T, N, F+1]
+
+    residual = tf.cast(support.labels, tf.float32) - head.offset - support.inputs[PRIOR_INPUT]
+    strengths = tf.fill([prior.factors + 1], prior.fold_in_strength())
+    fitted = ridge_fit(with_one(support), residual, support.mask, strengths)    # [T, F+1]
+    return query.inputs[PRIOR_INPUT] + tf.linalg.matvec(with_one(query), fitted)
 
 
 def resolve_fast_weights(tower: Tower, selectors: Sequence[str]) -> tuple[str, ...]:
@@ -145,20 +187,12 @@ class TaskAdapter:
         h = self.tower.hidden(self._weights(params, fast), self._inputs(fast, support))
         z = tf.concat([h, tf.ones_like(h[..., :1])], axis=-1)                  # [T, S, d+1]
         prior = tf.concat([tf.reshape(params[kernel], [-1]), tf.reshape(params[bias], [-1])], 0)
-        mask = tf.cast(support.mask, tf.float32)[..., None]
         residual = (tf.cast(support.labels, tf.float32) - self.head.offset
                     - tf.linalg.matvec(z, prior))                              # [T, S]
         linear = self.tower.linear_term(params, self._inputs(fast, support))
         if linear is not None:  # the first-order term beside the output layer stays as is
             residual -= linear
-        # Solved in float64: the Gram matrix of ~50 rows and the smallest learned strengths
-        # can be too ill-conditioned for a float32 Cholesky factor.
-        z64, mask64 = tf.cast(z, tf.float64), tf.cast(mask, tf.float64)
-        strengths = tf.maximum(tf.cast(self.ridge(), tf.float64), MIN_RIDGE)
-        gram = tf.matmul(z64 * mask64, z64, transpose_a=True) + tf.linalg.diag(strengths)
-        rhs = tf.linalg.matvec(z64 * mask64, tf.cast(residual, tf.float64), transpose_a=True)
-        delta = tf.linalg.cholesky_solve(tf.linalg.cholesky(gram), rhs[..., None])[..., 0]
-        layer = prior + tf.cast(delta, tf.float32)                            # [T, d+1]
+        layer = prior + ridge_fit(z, residual, support.mask, self.ridge())     # [T, d+1]
         return {**fast, kernel: layer[:, :-1, None], bias: layer[:, -1:]}
 
     def task_losses(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
@@ -218,11 +252,16 @@ class TaskAdapter:
 def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
                     batch: Mapping[str, Mapping[str, tf.Tensor]],
                     learning_rates: Mapping[str, tf.Tensor],
-                    rates_per_step: bool = False) -> tf.Tensor:
+                    rates_per_step: bool = False, blended: bool = True) -> tf.Tensor:
     """Raw outputs ``[T, Q]`` on the query rows after adapting on the support rows.
 
     Evaluation and serving: embeddings are read without inserting (unknown ids read zero
     rows), the adaptation is first-order (no outer gradient) and nothing is updated.
+    Under a label prior with factors, an adapted tower's outputs are blended with the
+    factorisation's own fold-in (``fold_in_outputs``) at the tower's weight ``b``
+    (``Tower.prior_blend``, chosen on validation): ``b * adapted + (1 - b) * fold-in``;
+    ``blended=False`` gives the adapted outputs alone. Without steps (no adaptation) the
+    support rows are not read and nothing is blended.
     """
     adapted_embeddings = [n[len(EMBEDDING_PREFIX):] for n in adapter.embedding_fast]
     support, query, num_pairs = role_batches(embedding, adapter.tower, adapter.head.label, batch,
@@ -231,4 +270,9 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
     fast = adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
     adapted, _ = adapter.adapt(params, fast, support, learning_rates, first_order=True,
                                rates_per_step=rates_per_step)
-    return adapter.outputs(params, adapted, query)
+    outputs = adapter.outputs(params, adapted, query)
+    blend = adapter.tower.prior_blend
+    if not (blended and adapter.steps and blend is not None):
+        return outputs
+    return blend * outputs + (1.0 - blend) * fold_in_outputs(adapter.tower, adapter.head,
+                                                              support, query)

@@ -11,6 +11,8 @@ from gmeta_tf.models.label_prior import PRIOR_FACTORS, PRIOR_INPUT, LabelPrior
 
 #: The tower weight that scales the label prior (with ``prior``).
 PRIOR_SCALE = "prior/scale"
+#: The tower's blend of its adapted output with the prior's fold-in (prior factors).
+PRIOR_BLEND = "prior/blend"
 
 
 class Tower(tf.keras.layers.Layer):
@@ -36,7 +38,11 @@ class Tower(tf.keras.layers.Layer):
     weights are built) adds each row's fixed prior, times the tower's weight
     ``prior/scale`` (starting at 1), to the raw output beside the linear term; it reads
     the raw ids of its feature (``raw_inputs``). The scale is a tower weight like any
-    other: adapted per task, it is how much a user follows the items' consensus.
+    other: adapted per task, it is how much a user follows the items' consensus. Under a
+    prior with factors the tower also holds ``prior_blend`` (a weight, not trained; 1
+    until set): how much of an adapted task's output is the tower's, the rest the
+    factorisation's own fold-in (``task_adapter.adapted_outputs``; chosen on validation,
+    ``evaluation.Validator``).
     """
 
     def __init__(self, sparse_features: Sequence[str], embedding_dim: int,
@@ -54,6 +60,7 @@ class Tower(tf.keras.layers.Layer):
         self.linear = bool(linear)
         self._params: dict[str, tf.Variable] = {}
         self.prior: LabelPrior | None = None
+        self.prior_blend: tf.Variable | None = None
 
     @property
     def input_width(self) -> int:
@@ -78,6 +85,9 @@ class Tower(tf.keras.layers.Layer):
             if self.prior is not None:
                 self._params[PRIOR_SCALE] = self.add_weight(name=PRIOR_SCALE, shape=[],
                                                             initializer="ones")
+                if self.prior.factors:  # not a parameter: neither adapted nor trained
+                    self.prior_blend = self.add_weight(name=PRIOR_BLEND, shape=[],
+                                                       initializer="ones", trainable=False)
         super().build(input_shape)
 
     def _create_weights(self) -> dict[str, tf.Variable]:

@@ -81,6 +81,7 @@ class ServingModule(tf.Module):
                                          model.embedding.feature_configs)
         self.dense_weights = list(model.tower.params().values())
         self.prior = model.tower.prior  # its ids and values are variables the graphs read
+        self.prior_blend = model.tower.prior_blend  # the adapted scores' blend (or None)
         tower, head, embedding = model.tower, model.head, self.embedding
 
         def serve(features):

@@ -27,8 +27,9 @@ from gmeta_tf import data as meta_io
 from gmeta_tf import distributed
 from gmeta_tf.config import PipelineConfig, tower_sparse_features
 from gmeta_tf.meta import EvaluationReport, MetaModel, fine_tuned_predictions
-from gmeta_tf.meta.evaluation import report_from_rows, traced_once
+from gmeta_tf.meta.evaluation import fold_in_predictions, report_from_rows, traced_once
 from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
+from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.references import ReferenceData, fit_references
 
@@ -74,9 +75,11 @@ def row_batches(config: PipelineConfig, split: str | None, path: str | None = No
 
 # ---- predict functions -------------------------------------------------------------------
 
-def meta_predict(model: MetaModel, steps: int | None = None) -> PredictFn:
-    """The meta model adapted with its inner loop (``steps`` overrides k; 0: none)."""
-    return traced_once(lambda batch: model.adapted_predictions(batch, steps))
+def meta_predict(model: MetaModel, steps: int | None = None, blended: bool = True
+                 ) -> PredictFn:
+    """The meta model adapted with its inner loop (``steps`` overrides k; 0: none);
+    ``blended``: with the label prior's fold-in (``adapted_outputs``)."""
+    return traced_once(lambda batch: model.adapted_predictions(batch, steps, blended))
 
 
 def baseline_steps(config: PipelineConfig) -> int:
@@ -87,14 +90,34 @@ def baseline_steps(config: PipelineConfig) -> int:
 
 
 def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,
-                      steps: int | None = None) -> PredictFn:
+                      steps: int | None = None, blended: bool = True) -> PredictFn:
     """The baseline fine-tuned on each task's support rows exactly as the meta model
-    adapts: same code, same fast weights, same adapted embedding rows; ``steps`` SGD steps
-    (default ``baseline_steps``) at ``eval.baseline_lr``."""
+    adapts: same code, same fast weights, same adapted embedding rows, blended with the
+    label prior's fold-in the same way (``blended``); ``steps`` SGD steps (default
+    ``baseline_steps``) at ``eval.baseline_lr``."""
     steps = baseline_steps(config) if steps is None else steps
     return fine_tuned_predictions(model, steps, config.eval.baseline_lr,
                                   config.meta.fast_weights, config.meta.adapt_embeddings,
-                                  baseline_ridge(config))
+                                  baseline_ridge(config), blended)
+
+
+def adaptation_steps(config: PipelineConfig, name: str) -> int:
+    """How many steps a model of the run adapts a task for: the meta model's k
+    (``eval.adapt_steps``, default ``meta.inner_steps``) or the baseline's."""
+    if name == "baseline":
+        return baseline_steps(config)
+    return config.meta.inner_steps if config.eval.adapt_steps is None else config.eval.adapt_steps
+
+
+def chosen_blend(adapted: np.ndarray, fold_in: np.ndarray, labels: np.ndarray) -> float:
+    """The weight ``b`` in [0, 1] of ``b * adapted + (1 - b) * fold_in`` with the least
+    squared error on ``labels`` (closed form; 1 when the two predictions are the same)."""
+    diff = np.asarray(adapted, np.float64) - fold_in
+    denominator = float(np.dot(diff, diff))
+    if denominator <= 0.0:
+        return 1.0
+    return float(np.clip(np.dot(np.asarray(labels, np.float64) - fold_in, diff) / denominator,
+                         0.0, 1.0))
 
 
 def baseline_ridge(config: PipelineConfig) -> float:
@@ -207,6 +230,13 @@ class Validator:
     Calling it returns ``{"model": metrics, "baseline": metrics}`` (no baseline key
     without one); metrics are ``auc``, ``task_auc``, ``ndcg@k``, ``logloss`` or ``mae``,
     ``tasks`` and ``rows``; empty when the split has no rows.
+
+    Under a label prior with factors and ``model.prior.blend`` unset, each adapting
+    model's blend with the prior's fold-in (``Tower.prior_blend``) is chosen at every
+    validation: the weight with the least squared error on the validation query rows
+    (``chosen_blend``, over every split of the tasks), set on the tower (so the checkpoint
+    saved after it carries it) and reported as ``blend``; the metrics are the blended
+    predictions'.
     """
 
     def __init__(self, models: Models, config: PipelineConfig):
@@ -215,13 +245,24 @@ class Validator:
         self.kind, self.k = models.model.head.kind, config.eval.ndcg_k
         self.tasks = models.is_meta
         self.predictors: dict[str, PredictFn] = {}
+        #: Model name -> the tower whose blend is chosen here.
+        self.blended: dict[str, Tower] = {}
         if self.tasks:
-            self.predictors["model"] = meta_predict(models.model, config.eval.adapt_steps)
+            prior = config.model.prior
+            for name, model in (("model", models.model), ("baseline", models.baseline)):
+                if model is not None and model.tower.prior_blend is not None and (
+                        prior.blend is None and adaptation_steps(config, name)):
+                    self.blended[name] = model.tower
+            # a blend chosen here is applied here, to the predictions unblended
+            self.predictors["model"] = meta_predict(models.model, config.eval.adapt_steps,
+                                                    blended="model" not in self.blended)
             if models.baseline is not None:
-                self.predictors["baseline"] = fine_tune_predict(models.baseline, config)
+                self.predictors["baseline"] = fine_tune_predict(
+                    models.baseline, config, blended="baseline" not in self.blended)
         else:
             self.predictors["model"] = row_predict(models.model)
         self._batches: list | None = None
+        self._fold_in: list[ScoredRows] | None = None
 
     def _load(self) -> list[list[tuple[Mapping, bool]]]:
         """The validation batches of every split of the tasks (``train.valid_resplits``):
@@ -254,21 +295,42 @@ class Validator:
         """Every model's metrics but those of the models in ``skip``."""
         if self._batches is None:  # read once: the split does not change during training
             self._batches = self._load()
-        score = score_tasks if self.tasks else score_rows
         out = {}
         for name, predict in self.predictors.items():
             if name in skip:
                 continue
-            reports = []
-            for batches in self._batches:
-                parts = [score(predict, [batch], self.labels) for batch, _ in batches]
-                kept = ScoredRows.concat([p for p, (_, real) in zip(parts, batches) if real])
-                scored = kept.gathered()
-                if len(scored.prediction):
-                    reports.append(report(scored, self.kind, self.k, self.tasks).overall)
+            splits = [self._scored(predict, batches) for batches in self._batches]
+            blend = None
+            if name in self.blended:
+                splits, blend = self._blend(self.blended[name], splits)
+            reports = [report(s, self.kind, self.k, self.tasks).overall
+                       for s in splits if len(s.prediction)]
             if reports:
                 out[name] = mean_over_splits(reports)
+                if blend is not None:
+                    out[name]["blend"] = blend
         return out
+
+    def _scored(self, predict: PredictFn, batches: list[tuple[Mapping, bool]]) -> ScoredRows:
+        """One split's rows of every rank scored by ``predict`` (a collective)."""
+        score = score_tasks if self.tasks else score_rows
+        parts = [score(predict, [batch], self.labels) for batch, _ in batches]
+        return ScoredRows.concat([p for p, (_, real) in zip(parts, batches) if real]).gathered()
+
+    def _blend(self, tower: Tower, splits: list[ScoredRows]) -> tuple[list[ScoredRows], float]:
+        """The splits' rows blended with the prior's fold-in at the weight chosen on them,
+        which is set on ``tower``; and that weight."""
+        if self._fold_in is None:  # the prior is fixed during training: scored once
+            predict = fold_in_predictions(tower, self.models.model.head)
+            self._fold_in = [self._scored(predict, batches) for batches in self._batches]
+        fold_in = [f.prediction for f in self._fold_in]
+        if not any(len(f) for f in fold_in):
+            return splits, float(tower.prior_blend.numpy())
+        blend = chosen_blend(np.concatenate([s.prediction for s in splits]),
+                             np.concatenate(fold_in), np.concatenate([s.label for s in splits]))
+        tower.prior_blend.assign(blend)
+        return [dataclasses.replace(s, prediction=blend * s.prediction + (1.0 - blend) * f)
+                for s, f in zip(splits, fold_in)], blend
 
 
 def mean_over_splits(reports: list[dict[str, float]]) -> dict[str, float]:
@@ -368,20 +430,39 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         rows = (score_tasks if tasks else score_rows)(predict, batches(), labels)
         return report(rows, kind, k, tasks), rows
 
+    def blend_of(model, name) -> float | None:  # None: the model's outputs are not blended
+        blend = model.tower.prior_blend
+        if not tasks or blend is None or not adaptation_steps(config, name):
+            return None
+        return float(blend.numpy())
+
     rows = []
     if models.is_meta:
-        steps = config.meta.inner_steps if e.adapt_steps is None else e.adapt_steps
+        steps = adaptation_steps(config, "model")
         ridge = " + ridge" if config.meta.ridge else ""
-        rows.append(ComparedRow(f"meta ({config.meta.algorithm}, adapted k={steps}{ridge})",
+        blend = blend_of(models.model, "model")
+        blended = "" if blend is None else f", blend {blend:.2f}"
+        rows.append(ComparedRow(f"meta ({config.meta.algorithm}, adapted k={steps}{ridge}"
+                                f"{blended})",
                                 *scored(meta_predict(models.model, e.adapt_steps))))
+        if blend is not None:
+            rows.append(ComparedRow("meta, not blended with the fold-in",
+                                    *scored(meta_predict(models.model, e.adapt_steps, False))))
         rows.append(ComparedRow("meta, no adaptation", *scored(meta_predict(models.model, 0))))
     else:
         rows.append(ComparedRow("ctr model", *scored(row_predict(models.model))))
     if models.baseline is not None:
         strength = baseline_ridge(config)
         ridge = f", ridge {strength:g}" if strength else ""
-        rows.append(ComparedRow(f"baseline fine-tuned (k={baseline_steps(config)}{ridge})",
+        blend = blend_of(models.baseline, "baseline")
+        blended = "" if blend is None else f", blend {blend:.2f}"
+        rows.append(ComparedRow(f"baseline fine-tuned (k={baseline_steps(config)}{ridge}"
+                                f"{blended})",
                                 *scored(fine_tune_predict(models.baseline, config))))
+        if blend is not None:
+            rows.append(ComparedRow("baseline, not blended with the fold-in",
+                                    *scored(fine_tune_predict(models.baseline, config,
+                                                              blended=False))))
         rows.append(ComparedRow("baseline, no fine-tuning",
                                 *scored(fine_tune_predict(models.baseline, config, 0))))
     if references is not None:

@@ -202,6 +202,11 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
                                                             prior),
                              head, baseline_embedding_l2(config), name="baseline_model")
                     if with_baseline else None)
+        if p is not None and p.blend is not None:  # else chosen on validation
+            for m in (model, baseline):
+                if m is not None:
+                    m.tower.params()  # builds it
+                    m.tower.prior_blend.assign(p.blend)
         optimizers = tf.Module(name="optimizers")
         optimizers.model = keras_optimizer(config)
         model.compile(optimizer=optimizers.model)

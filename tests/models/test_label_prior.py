@@ -6,11 +6,12 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf.meta import MetaConfig, MetaModel, role_batches, task_rows
-from gmeta_tf.meta.evaluation import fine_tuned_predictions
+from gmeta_tf.meta.evaluation import fine_tuned_predictions, fold_in_predictions
 from gmeta_tf.meta.task_adapter import initial_ridge
 from gmeta_tf.models import CTRModel, DLRMTower, LabelPrior, MeLUTower, RatingHead
 from gmeta_tf.models.label_prior import PRIOR_INPUT
 from gmeta_tf.models.tower import PRIOR_SCALE
+from gmeta_tf.training.evaluation import chosen_blend
 from gmeta_tf.training.references import FactorModel, FeatureMean
 from tests.meta import tiny
 
@@ -320,3 +321,62 @@ def test_the_solve_shrinks_the_factors_and_bias_at_the_priors_fold_in_strength()
     meta.set_ridge_strengths(initial_ridge(tower, 30.0)().numpy())
     np.testing.assert_allclose(meta.ridge_strengths().numpy(),
                                [30.0] * tiny.HIDDEN + [3.0] * 4, rtol=1e-5)
+
+
+def test_adapted_outputs_blend_with_the_factorisations_own_fold_in_at_the_towers_weight():
+    """``fold_in_predictions`` is the factorisation reference's fold-in at the prior's
+    strength, whatever the tower's weights; an adapted model's predictions are ``b *
+    adapted + (1 - b) * fold-in`` at the tower's ``prior_blend`` ``b`` (1 until set), the
+    meta model's and the fine-tuned baseline's alike; without adaptation nothing is
+    blended."""
+    fitted = _fold_in_data(5)
+    prior = LabelPrior("item_id", "rating", factors=3)
+    prior.assign(fitted.keys, fitted.biases, 3.0, factors=fitted.factors, fold_in=0.5)
+    head = RatingHead("rating", offset=fitted.mean)
+    batch = tiny.tasks(4, support=8, query=4, seed=6)
+    support, real = batch["support"], batch["query"]["mask"] > 0
+    want = fitted.fold_in(support["item_id"], support["rating"], support["mask"],
+                          batch["query"]["item_id"], 0.5)
+    for tower_seed in (3, 4):
+        tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,),
+                          seed=tower_seed)
+        tower.prior = prior
+        tower.params()
+        assert float(tower.prior_blend.numpy()) == 1.0
+        assert all(v is not tower.prior_blend for v in tower.trainable_variables)
+        fold_in = fold_in_predictions(tower, head)(batch).numpy()
+        np.testing.assert_allclose(fold_in[real], want[real], rtol=1e-4, atol=1e-4)
+        meta = MetaModel(tiny.embedding(), tower, head,
+                         MetaConfig("maml", inner_steps=2, inner_lr=0.05, ridge=3.0))
+        baseline = CTRModel(tiny.embedding(), tower, head)
+        for predict in (lambda blended: meta.adapted_predictions(batch, blended=blended),
+                        lambda blended: fine_tuned_predictions(baseline, 2, 0.05, ridge=3.0,
+                                                               blended=blended)(batch)):
+            tower.prior_blend.assign(1.0)
+            alone = predict(False).numpy()
+            np.testing.assert_allclose(predict(True).numpy(), alone, rtol=1e-6)
+            assert np.abs(alone - fold_in)[real].max() > 1e-2
+            for blend in (0.0, 0.3):
+                tower.prior_blend.assign(blend)
+                np.testing.assert_allclose(predict(True).numpy()[real],
+                                           (blend * alone + (1 - blend) * fold_in)[real],
+                                           rtol=1e-4, atol=1e-4)
+        tower.prior_blend.assign(0.3)
+        np.testing.assert_allclose(meta.adapted_predictions(batch, steps=0).numpy(),
+                                   meta.adapted_predictions(batch, steps=0,
+                                                            blended=False).numpy())
+
+
+def test_the_chosen_blend_is_the_least_squares_weight_in_zero_to_one():
+    rng = np.random.default_rng(0)
+    labels = rng.normal(3.5, 1.0, 500)
+    fold_in = labels + rng.normal(0, 0.8, 500)
+    adapted = labels + rng.normal(0, 0.8, 500)
+    grid = np.linspace(0, 1, 1001)
+    errors = [np.sum((b * adapted + (1 - b) * fold_in - labels) ** 2) for b in grid]
+    chosen = chosen_blend(adapted, fold_in, labels)
+    assert 0.2 < chosen < 0.8
+    assert abs(chosen - grid[int(np.argmin(errors))]) < 1e-3
+    assert chosen_blend(labels, fold_in, labels) == 1.0           # the adapted is exact
+    assert chosen_blend(2 * fold_in - labels, fold_in, labels) == 0.0  # -1, clipped
+    assert chosen_blend(fold_in, fold_in, labels) == 1.0          # nothing to choose

@@ -95,6 +95,11 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
                                                     "allowed: expected an integer >= 0"),
     ("model.prior={feature: item_id, fold_in: 0}", "'model.prior.fold_in' = 0.0 is not "
                                                    "allowed: expected a number > 0"),
+    ("model.prior={feature: item_id, blend: 1.5}", "'model.prior.blend' = 1.5 is not "
+                                                   "allowed: expected a number <= 1.0"),
+    ("model.prior={feature: item_id, blend: 0.5}", "'model.prior.blend' = 0.5 is not "
+                                                   "allowed: expected None without "
+                                                   "model.prior.factors"),
 ])
 def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:

@@ -89,6 +89,25 @@ def test_training_ran_on_two_ranks_and_eval_compares_with_the_baseline(ratings_r
     assert "reference: matrix factorisation fold-in" in names  # ratings of tasks
     for row in result["rows"]:
         assert 0.0 <= row["auc"] <= 1.0 and row["mae"] > 0 and row["tasks"] > 0
+    # Under the factor prior each model's blend with its fold-in was chosen on validation:
+    # the table names it and scores the unblended predictions beside.
+    assert ", blend " in names[0] and "meta, not blended with the fold-in" in names
+    assert "baseline, not blended with the fold-in" in names
+
+
+def test_each_models_blend_is_chosen_on_validation_and_kept_with_its_checkpoint(ratings_run):
+    from gmeta_tf.training.cold_start import restore_models
+    from gmeta_tf.training.selection import best_checkpoints
+
+    _, _, config, results = ratings_run
+    best = best_checkpoints(config.checkpoint_dir)
+    models, _ = restore_models(config)
+    for name, model in (("model", models.model), ("baseline", models.baseline)):
+        chosen = best[name]["metrics"]["blend"]
+        assert 0.0 <= chosen <= 1.0
+        assert float(model.tower.prior_blend.numpy()) == pytest.approx(chosen, abs=1e-6)
+    train_log = next(r.stderr + r.stdout for r in results if "validation (" in r.stderr + r.stdout)
+    assert "blend " in train_log
 
 
 def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tmp_path):
