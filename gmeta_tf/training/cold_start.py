@@ -25,7 +25,7 @@ from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.evaluation import (comparison, comparison_dict, format_gaps, format_table,
                                          paired_against_first)
-from gmeta_tf.training.model_builder import Models, build_models
+from gmeta_tf.training.model_builder import Models, build_models, set_configured_blend
 from gmeta_tf.training.selection import best_checkpoints
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ def restore_models(config: PipelineConfig, path: str | None = None) -> tuple[Mod
         info = {**manifest, "directory": str(path)}
     else:
         models, info = _restore_chosen(config)
+    set_configured_blend(models, config)  # over the checkpoint's
     log.info("restored %s (step %d, saved by %d ranks)", info["directory"], info["step"],
              info["world_size"])
     return models, info

@@ -111,10 +111,11 @@ def adaptation_steps(config: PipelineConfig, name: str) -> int:
 
 def chosen_blend(adapted: np.ndarray, fold_in: np.ndarray, labels: np.ndarray) -> float:
     """The weight ``b`` in [0, 1] of ``b * adapted + (1 - b) * fold_in`` with the least
-    squared error on ``labels`` (closed form; 1 when the two predictions are the same)."""
+    squared error on ``labels`` (closed form; 1 when the two predictions are the same,
+    and when an adapted prediction is not finite: a diverged model is not hidden)."""
     diff = np.asarray(adapted, np.float64) - fold_in
     denominator = float(np.dot(diff, diff))
-    if denominator <= 0.0:
+    if not np.isfinite(denominator) or denominator <= 0.0:
         return 1.0
     return float(np.clip(np.dot(np.asarray(labels, np.float64) - fold_in, diff) / denominator,
                          0.0, 1.0))
@@ -235,8 +236,11 @@ class Validator:
     model's blend with the prior's fold-in (``Tower.prior_blend``) is chosen at every
     validation: the weight with the least squared error on the validation query rows
     (``chosen_blend``, over every split of the tasks), set on the tower (so the checkpoint
-    saved after it carries it) and reported as ``blend``; the metrics are the blended
-    predictions'.
+    saved after it carries it) and reported as ``blend``, with the selection metric of the
+    blended predictions (``blended_auc``). The other metrics, those that choose
+    checkpoints and stop training among them, are of the model's own predictions: the
+    blend is fitted to a model, not a way for an untrained one to look trained (early in
+    training the blend is all fold-in, whose figures a checkpoint would then keep).
     """
 
     def __init__(self, models: Models, config: PipelineConfig):
@@ -300,16 +304,20 @@ class Validator:
             if name in skip:
                 continue
             splits = [self._scored(predict, batches) for batches in self._batches]
-            blend = None
+            reports = self._reports(splits)
+            if not reports:
+                continue
+            out[name] = mean_over_splits(reports)
             if name in self.blended:
-                splits, blend = self._blend(self.blended[name], splits)
-            reports = [report(s, self.kind, self.k, self.tasks).overall
-                       for s in splits if len(s.prediction)]
-            if reports:
-                out[name] = mean_over_splits(reports)
-                if blend is not None:
-                    out[name]["blend"] = blend
+                blended, out[name]["blend"] = self._blend(self.blended[name], splits)
+                metric = selection_metric(self.config)
+                out[name][f"blended_{metric}"] = mean_over_splits(
+                    self._reports(blended))[metric]
         return out
+
+    def _reports(self, splits: list[ScoredRows]) -> list[dict[str, float]]:
+        return [report(s, self.kind, self.k, self.tasks).overall
+                for s in splits if len(s.prediction)]
 
     def _scored(self, predict: PredictFn, batches: list[tuple[Mapping, bool]]) -> ScoredRows:
         """One split's rows of every rank scored by ``predict`` (a collective)."""
@@ -324,6 +332,8 @@ class Validator:
             predict = fold_in_predictions(tower, self.models.model.head)
             self._fold_in = [self._scored(predict, batches) for batches in self._batches]
         fold_in = [f.prediction for f in self._fold_in]
+        for s, f in zip(splits, self._fold_in):  # the same batches: the same rows in order
+            assert np.array_equal(s.task_id, f.task_id) and np.array_equal(s.label, f.label)
         if not any(len(f) for f in fold_in):
             return splits, float(tower.prior_blend.numpy())
         blend = chosen_blend(np.concatenate([s.prediction for s in splits]),

@@ -202,11 +202,6 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
                                                             prior),
                              head, baseline_embedding_l2(config), name="baseline_model")
                     if with_baseline else None)
-        if p is not None and p.blend is not None:  # else chosen on validation
-            for m in (model, baseline):
-                if m is not None:
-                    m.tower.params()  # builds it
-                    m.tower.prior_blend.assign(p.blend)
         optimizers = tf.Module(name="optimizers")
         optimizers.model = keras_optimizer(config)
         model.compile(optimizer=optimizers.model)
@@ -220,7 +215,21 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
     state.model = model
     if baseline is not None:
         state.baseline = baseline
-    return Models(model, baseline, state, optimizers)
+    models = Models(model, baseline, state, optimizers)
+    set_configured_blend(models, config)
+    return models
+
+
+def set_configured_blend(models: Models, config: PipelineConfig) -> None:
+    """Sets a ``model.prior.blend`` given in the config on every tower (after a restore
+    too: the config's value, not the checkpoint's); unset, it is chosen on validation
+    (``evaluation.Validator``) and a checkpoint's is kept."""
+    prior = config.model.prior
+    if prior is None or prior.blend is None:
+        return
+    for model in (models.model, models.baseline):
+        if model is not None and model.tower.prior_blend is not None:
+            model.tower.prior_blend.assign(prior.blend)
 
 
 def dense_slow_variables(model: tf.keras.Model) -> list[tf.Variable]:

@@ -65,7 +65,8 @@ from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.devices import configure_devices
 from gmeta_tf.training.evaluation import Validator, selection_metric
-from gmeta_tf.training.model_builder import Models, build_models, dense_slow_variables
+from gmeta_tf.training.model_builder import (Models, build_models, dense_slow_variables,
+                                             set_configured_blend)
 from gmeta_tf.training.prior_fit import fit_prior
 from gmeta_tf.training.progress import ProgressBar
 from gmeta_tf.training.selection import Selection, validation_protocol
@@ -337,6 +338,7 @@ class Trainer:
         models = build_models(self.config, self.placement)
         self._check_inputs()
         start = self._start_step(models)
+        set_configured_blend(models, self.config)  # over a restored checkpoint's
         try:
             prior = models.model.tower.prior
             if prior is not None and not prior.fitted:  # a resumed run restored it

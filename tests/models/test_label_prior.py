@@ -380,3 +380,6 @@ def test_the_chosen_blend_is_the_least_squares_weight_in_zero_to_one():
     assert chosen_blend(labels, fold_in, labels) == 1.0           # the adapted is exact
     assert chosen_blend(2 * fold_in - labels, fold_in, labels) == 0.0  # -1, clipped
     assert chosen_blend(fold_in, fold_in, labels) == 1.0          # nothing to choose
+    diverged = adapted.copy()
+    diverged[3] = np.nan
+    assert chosen_blend(diverged, fold_in, labels) == 1.0         # not hidden by the blend

@@ -104,10 +104,30 @@ def test_each_models_blend_is_chosen_on_validation_and_kept_with_its_checkpoint(
     models, _ = restore_models(config)
     for name, model in (("model", models.model), ("baseline", models.baseline)):
         chosen = best[name]["metrics"]["blend"]
-        assert 0.0 <= chosen <= 1.0
+        assert 0.0 <= chosen <= 1.0 and 0.0 <= best[name]["metrics"]["blended_auc"] <= 1.0
+        assert best[name]["value"] == best[name]["metrics"]["auc"]  # chosen unblended
         assert float(model.tower.prior_blend.numpy()) == pytest.approx(chosen, abs=1e-6)
     train_log = next(r.stderr + r.stdout for r in results if "validation (" in r.stderr + r.stdout)
     assert "blend " in train_log
+
+
+def test_a_blend_set_in_the_config_is_used_as_it_is_not_chosen(ratings_run):
+    import dataclasses
+
+    from gmeta_tf.training.cold_start import restore_models
+    from gmeta_tf.training.evaluation import Validator
+
+    _, _, config, _ = ratings_run
+    prior = dataclasses.replace(config.model.prior, blend=0.25)
+    fixed = dataclasses.replace(config, model=dataclasses.replace(config.model, prior=prior))
+    models, _ = restore_models(fixed)  # over the checkpoint's chosen blend
+    towers = [models.model.tower, models.baseline.tower]
+    assert [float(t.prior_blend.numpy()) for t in towers] == [0.25, 0.25]
+    validator = Validator(models, fixed)
+    assert not validator.blended
+    results = validator()
+    assert "blend" not in results["model"] and "blend" not in results["baseline"]
+    assert [float(t.prior_blend.numpy()) for t in towers] == [0.25, 0.25]
 
 
 def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tmp_path):
