@@ -17,7 +17,8 @@ suits ratings of a few million rows). Its L2 strength and the fold-in strength, 
 configured, are the pair of ``references.MF_REGS`` x ``references.MF_FOLD_IN`` whose
 fold-in (each validation task's bias and factor the ridge fit of its support rows at the
 fold-in strength, on the items' factors at the L2) has the lowest loss on the validation
-tasks' query rows, each rank scoring its own, as the factorisation reference chooses.
+tasks' query rows, each rank scoring its own: the factorisation reference's search
+(``references.fold_in_grid``), its losses summed over the ranks.
 Every rank fits the same rows in the same order; rank 0's result is then broadcast so the
 ranks' priors are equal to the bit.
 """
@@ -35,7 +36,8 @@ from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.label_prior import LabelPrior
 from gmeta_tf.training.references import (DAMPINGS, MF_FOLD_IN, MF_REGS, FactorModel,
-                                          FeatureMean, loss_of, query_rows, rows_of)
+                                          FeatureMean, FoldInTask, fold_in_grid, loss_of,
+                                          query_rows, rows_of)
 
 log = logging.getLogger(__name__)
 _ROWS_PER_READ = 4096
@@ -112,30 +114,6 @@ def _validation_losses(kind: str, mean: FeatureMean, valid: dict[str, np.ndarray
             int(total))
 
 
-def _fold_in_losses(model_of: dict, strengths: tuple[float, ...], valid: list,
-                    feature: str, label: str) -> tuple[dict[tuple[float, float], float], int]:
-    """The fold-in loss (``loss_of``) over every rank's validation query rows of each L2
-    strength's factorisation (``model_of``) at each fold-in strength, keyed ``(L2,
-    fold-in)``, and how many rows that is."""
-    labels = query_rows(valid, [label])[label]
-    n = len(labels)
-    # each batch's (support ids, support labels, support mask, query ids, real query rows),
-    # the same for every pair
-    tasks = [(*(np.asarray(r[feature]).reshape(np.shape(r["mask"]))
-                for r in (b["support"], b["query"])),
-              b["support"][label], np.asarray(b["support"]["mask"], np.float64),
-              np.asarray(b["query"]["mask"]) > 0) for b in valid]
-    keys, sums = [], []
-    for reg, model in model_of.items():
-        for strength in strengths:
-            preds = [model.fold_in(s_ids, s_labels, s_mask, q_ids, strength)[real]
-                     for s_ids, q_ids, s_labels, s_mask, real in tasks]
-            keys.append((reg, strength))
-            sums.append(loss_of("rating", labels, np.concatenate(preds)) * n if n else 0.0)
-    *sums, rows = distributed.sum_over_ranks(np.array(sums + [n], np.float64))
-    return ({k: float(s / rows) for k, s in zip(keys, sums)} if rows else {}, int(rows))
-
-
 def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
                  ) -> dict[tuple[float, float], float]:
     """Fits a prior with factors (see the module docstring); returns the validation loss
@@ -158,7 +136,6 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
     reg, strength, losses = section.damping, section.fold_in, {}
     split = config.train.validation_split
     if reg is None or strength is None:
-        models = {r: fit(every, r) for r in (MF_REGS if reg is None else (reg,))}
         names = [feature, label]
         unset = "damping" if reg is None else "fold_in"
         valid = _read_validation(
@@ -167,8 +144,11 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
                      for batch in _shard_tasks(config, split, names)],
             "the factorisation's L2 and fold-in strength", "model.prior.damping and "
             "model.prior.fold_in", key=unset)
-        losses, rows = _fold_in_losses(
-            models, MF_FOLD_IN if strength is None else (strength,), valid, feature, label)
+        losses, models, rows = fold_in_grid(
+            lambda r: fit(every, r), MF_REGS if reg is None else (reg,),
+            MF_FOLD_IN if strength is None else (strength,),
+            [FoldInTask.of(b, feature, label) for b in valid],
+            query_rows(valid, [label])[label], total=distributed.sum_over_ranks)
         if not rows:
             raise ConfigError(f"config key 'model.prior.{unset}' = None is not allowed: the "
                               f"validation split {split!r} has no query rows to choose the "

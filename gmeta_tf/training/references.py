@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -318,6 +318,54 @@ class FactorModel:
         return self.mean + bq + np.einsum("tqi,ti->tq", qq, w[:, :-1]) + w[:, -1:]
 
 
+class FoldInTask(NamedTuple):
+    """A task batch as ``FactorModel.fold_in`` reads it, prepared once for every pair."""
+
+    support: np.ndarray  # [T, S] the support rows' ids
+    query: np.ndarray    # [T, Q] the query rows' ids
+    labels: np.ndarray   # [T, S] the support rows' labels
+    mask: np.ndarray     # [T, S] the support mask, float64
+    real: np.ndarray     # [T, Q] bool: the real query rows
+
+    @classmethod
+    def of(cls, batch: Mapping, feature: str, label: str) -> "FoldInTask":
+        """A NumPy task batch's rows, the ids of ``feature`` shaped as each role's mask (a
+        multi-slot feature's slot chosen beforehand, as ``_first_slot`` does)."""
+        support, query = batch["support"], batch["query"]
+        support_ids, query_ids = (np.asarray(r[feature]).reshape(np.shape(r["mask"]))
+                                  for r in (support, query))
+        return cls(support_ids, query_ids, support[label],
+                   np.asarray(support["mask"], np.float64), np.asarray(query["mask"]) > 0)
+
+    def predict(self, model: FactorModel, strength: float) -> np.ndarray:
+        """``[T, Q]`` the query predictions of ``model``'s fold-in at ``strength``."""
+        return model.fold_in(self.support, self.labels, self.mask, self.query, strength)
+
+
+def fold_in_grid(fit: Callable[[float], FactorModel], regs: Iterable[float],
+                 strengths: Iterable[float], tasks: list[FoldInTask], labels: np.ndarray,
+                 total: Callable[[np.ndarray], np.ndarray] | None = None
+                 ) -> tuple[dict[tuple[float, float], float], dict[float, FactorModel], int]:
+    """Each (L2, fold-in strength) pair's loss (``loss_of`` of ratings) on the real query
+    rows of ``tasks`` (labels ``labels``, in ``query_rows`` order) of their fold-in at the
+    strength into the factorisation ``fit(L2)``: ``(losses keyed (L2, strength), the L2
+    outer; the factorisations by L2; rows)``. The first pair of lowest loss is the choice.
+    ``total`` (None: one process) sums ``[loss * rows of each pair..., rows]`` over ranks,
+    for the loss over every rank's rows. Without rows every loss is 0."""
+    n = len(labels)
+    keys, losses, models = [], [], {}
+    for reg in regs:
+        models[reg] = model = fit(reg)
+        for strength in strengths:
+            keys.append((reg, strength))
+            losses.append(loss_of("rating", labels, np.concatenate(
+                [t.predict(model, strength)[t.real] for t in tasks])) if n else 0.0)
+    if total is not None:
+        *sums, rows = total(np.array([loss * n for loss in losses] + [n], np.float64))
+        losses, n = [s / rows if rows else 0.0 for s in sums], int(rows)
+    return {k: float(loss) for k, loss in zip(keys, losses)}, models, n
+
+
 def _query_loss(predict: Predict, valid_batches: list[Mapping], valid_labels: np.ndarray,
                 kind: str) -> float:
     """``loss_of`` a task predictor on the real query rows of the validation batches."""
@@ -330,25 +378,20 @@ def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
                       labels: np.ndarray, valid_batches: list[Mapping],
                       valid_labels: np.ndarray, items: np.ndarray, seed: int):
     """The factorisation fold-in reference, ``reg`` and ``fold_in`` chosen on validation
-    (``loss_of``): ``(predict, settings)``. ``items``: the training rows' reference ids."""
-    def predictor(model: FactorModel, strength: float) -> Predict:
-        def predict(batch: Mapping) -> np.ndarray:
-            batch = _first_slot(_numpy(batch), data)
-            support = batch["support"]
-            return model.fold_in(support[data.feature], support[data.label],
-                                 np.asarray(support["mask"], np.float64),
-                                 batch["query"][data.feature], strength)
-        return predict
+    (``fold_in_grid``): ``(predict, settings)``. ``items``: the training rows' reference ids."""
+    def task(batch: Mapping) -> FoldInTask:  # NumPy or tensors; a multi-slot id's first slot
+        return FoldInTask.of(_first_slot(_numpy(batch), data), data.feature, data.label)
 
-    best = None
-    for reg in MF_REGS:
-        model = FactorModel(np.asarray(train[TASK_COLUMN]), items, labels, reg=reg, seed=seed)
-        for strength in MF_FOLD_IN:
-            fn = predictor(model, strength)
-            loss = _query_loss(fn, valid_batches, valid_labels, data.kind)
-            if best is None or loss < best[0]:
-                best = (loss, fn, {"factors": MF_FACTORS, "reg": reg, "fold_in": strength})
-    return best[1], best[2]
+    task_ids = np.asarray(train[TASK_COLUMN])
+    losses, models, _ = fold_in_grid(
+        lambda reg: FactorModel(task_ids, items, labels, reg=reg, seed=seed), MF_REGS,
+        MF_FOLD_IN, [task(b) for b in valid_batches], valid_labels)
+    reg, strength = min(losses, key=losses.get)
+    model = models[reg]
+
+    def predict(batch: Mapping) -> np.ndarray:
+        return task(batch).predict(model, strength)
+    return predict, {"factors": MF_FACTORS, "reg": reg, "fold_in": strength}
 
 
 @dataclasses.dataclass
