@@ -440,39 +440,35 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         rows = (score_tasks if tasks else score_rows)(predict, batches(), labels)
         return report(rows, kind, k, tasks), rows
 
-    def blend_of(model, name) -> float | None:  # None: the model's outputs are not blended
-        blend = model.tower.prior_blend
-        if not tasks or blend is None or not adaptation_steps(config, name):
-            return None
-        return float(blend.numpy())
-
     rows = []
+
+    def adapted(title: str, short: str, model, name: str, predict_of) -> None:
+        """The row of a model adapted per task (``title`` names its blend, when blended
+        with the prior's fold-in) and then, unless the blend is 1, the row of its
+        predictions unblended."""
+        blend = model.tower.prior_blend
+        blend = (float(blend.numpy()) if tasks and blend is not None
+                 and adaptation_steps(config, name) else None)
+        rows.append(ComparedRow(title + ("" if blend is None else f", blend {blend:.2f}") + ")",
+                                *scored(predict_of(True))))
+        if blend is not None and blend != 1.0:
+            rows.append(ComparedRow(f"{short}, not blended with the fold-in",
+                                    *scored(predict_of(False))))
+
     if models.is_meta:
-        steps = adaptation_steps(config, "model")
         ridge = " + ridge" if config.meta.ridge else ""
-        blend = blend_of(models.model, "model")
-        blended = "" if blend is None else f", blend {blend:.2f}"
-        rows.append(ComparedRow(f"meta ({config.meta.algorithm}, adapted k={steps}{ridge}"
-                                f"{blended})",
-                                *scored(meta_predict(models.model, e.adapt_steps))))
-        if blend is not None:
-            rows.append(ComparedRow("meta, not blended with the fold-in",
-                                    *scored(meta_predict(models.model, e.adapt_steps, False))))
+        adapted(f"meta ({config.meta.algorithm}, adapted k={adaptation_steps(config, 'model')}"
+                f"{ridge}", "meta", models.model, "model",
+                lambda blended: meta_predict(models.model, e.adapt_steps, blended))
         rows.append(ComparedRow("meta, no adaptation", *scored(meta_predict(models.model, 0))))
     else:
         rows.append(ComparedRow("ctr model", *scored(row_predict(models.model))))
     if models.baseline is not None:
         strength = baseline_ridge(config)
         ridge = f", ridge {strength:g}" if strength else ""
-        blend = blend_of(models.baseline, "baseline")
-        blended = "" if blend is None else f", blend {blend:.2f}"
-        rows.append(ComparedRow(f"baseline fine-tuned (k={baseline_steps(config)}{ridge}"
-                                f"{blended})",
-                                *scored(fine_tune_predict(models.baseline, config))))
-        if blend is not None:
-            rows.append(ComparedRow("baseline, not blended with the fold-in",
-                                    *scored(fine_tune_predict(models.baseline, config,
-                                                              blended=False))))
+        adapted(f"baseline fine-tuned (k={baseline_steps(config)}{ridge}", "baseline",
+                models.baseline, "baseline",
+                lambda blended: fine_tune_predict(models.baseline, config, blended=blended))
         rows.append(ComparedRow("baseline, no fine-tuning",
                                 *scored(fine_tune_predict(models.baseline, config, 0))))
     if references is not None:

@@ -90,9 +90,16 @@ def test_training_ran_on_two_ranks_and_eval_compares_with_the_baseline(ratings_r
     for row in result["rows"]:
         assert 0.0 <= row["auc"] <= 1.0 and row["mae"] > 0 and row["tasks"] > 0
     # Under the factor prior each model's blend with its fold-in was chosen on validation:
-    # the table names it and scores the unblended predictions beside.
-    assert ", blend " in names[0] and "meta, not blended with the fold-in" in names
-    assert "baseline, not blended with the fold-in" in names
+    # the table names it and scores the unblended predictions beside (unless it is 1).
+    from gmeta_tf.training.selection import best_checkpoints
+
+    best = best_checkpoints(config.checkpoint_dir)
+    baseline = next(n for n in names if n.startswith("baseline fine-tuned"))
+    for name, short, chosen in ((names[0], "meta", best["model"]["metrics"]["blend"]),
+                                (baseline, "baseline", best["baseline"]["metrics"]["blend"])):
+        assert name.endswith(f", blend {chosen:.2f})"), (name, chosen)
+        unblended = f"{short}, not blended with the fold-in"
+        assert (unblended in names) == (chosen != 1.0), names
 
 
 def test_each_models_blend_is_chosen_on_validation_and_kept_with_its_checkpoint(ratings_run):
