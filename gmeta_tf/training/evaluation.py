@@ -109,6 +109,13 @@ def adaptation_steps(config: PipelineConfig, name: str) -> int:
     return config.meta.inner_steps if config.eval.adapt_steps is None else config.eval.adapt_steps
 
 
+def blends(model: tf.keras.Model, config: PipelineConfig, name: str) -> bool:
+    """Whether a model of the run (``name``: "model" or "baseline") blends its adapted
+    outputs with the label prior's fold-in: its tower has a blend (a prior with factors)
+    and it adapts (``adapted_outputs`` blends nothing without steps)."""
+    return model.tower.prior_blend is not None and bool(adaptation_steps(config, name))
+
+
 def chosen_blend(adapted: np.ndarray, fold_in: np.ndarray, labels: np.ndarray) -> float:
     """The weight ``b`` in [0, 1] of ``b * adapted + (1 - b) * fold_in`` with the least
     squared error on ``labels`` (closed form; 1 when the two predictions are the same,
@@ -254,8 +261,7 @@ class Validator:
         if self.tasks:
             prior = config.model.prior
             for name, model in (("model", models.model), ("baseline", models.baseline)):
-                if model is not None and model.tower.prior_blend is not None and (
-                        prior.blend is None and adaptation_steps(config, name)):
+                if model is not None and prior.blend is None and blends(model, config, name):
                     self.blended[name] = model.tower
             # a blend chosen here is applied here, to the predictions unblended
             self.predictors["model"] = meta_predict(models.model, config.eval.adapt_steps,
@@ -334,8 +340,6 @@ class Validator:
         fold_in = [f.prediction for f in self._fold_in]
         for s, f in zip(splits, self._fold_in):  # the same batches: the same rows in order
             assert np.array_equal(s.task_id, f.task_id) and np.array_equal(s.label, f.label)
-        if not any(len(f) for f in fold_in):
-            return splits, float(tower.prior_blend.numpy())
         blend = chosen_blend(np.concatenate([s.prediction for s in splits]),
                              np.concatenate(fold_in), np.concatenate([s.label for s in splits]))
         tower.prior_blend.assign(blend)
@@ -446,9 +450,8 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         """The row of a model adapted per task (``title`` names its blend, when blended
         with the prior's fold-in) and then, unless the blend is 1, the row of its
         predictions unblended."""
-        blend = model.tower.prior_blend
-        blend = (float(blend.numpy()) if tasks and blend is not None
-                 and adaptation_steps(config, name) else None)
+        blend = (float(model.tower.prior_blend.numpy()) if tasks and blends(model, config, name)
+                 else None)
         rows.append(ComparedRow(title + ("" if blend is None else f", blend {blend:.2f}") + ")",
                                 *scored(predict_of(True))))
         if blend is not None and blend != 1.0:
