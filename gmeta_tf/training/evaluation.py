@@ -261,7 +261,7 @@ class Validator:
         if self.tasks:
             prior = config.model.prior
             for name, model in (("model", models.model), ("baseline", models.baseline)):
-                if model is not None and prior.blend is None and blends(model, config, name):
+                if model is not None and blends(model, config, name) and prior.blend is None:
                     self.blended[name] = model.tower
             # a blend chosen here is applied here, to the predictions unblended
             self.predictors["model"] = meta_predict(models.model, config.eval.adapt_steps,
