@@ -96,8 +96,18 @@ shrinks as a damped mean does; Zhou et al. KDD 2018) at lambda 3 / 10 / 30: AUC 
 than 0.8080 / 0.8340 / 0.8462. None came nearer the offset model than the run-to-run
 spread.
 
+With both models blended half and half with the factorisation's fold-in
+(``--set model.prior.blend=0.5``, as ``pipelines/movielens.yaml`` ships since 5c132ab; run
+at 8328757, 2026-11-27, ``--seeds 0,1,2 --trials 8 --jobs 1``, seed 2 as a second process
+of the same command beside a CI run): MovieLens 100K, MAML 0.7596 / 0.7612 / 0.8759, the
+baseline 0.7575 / 0.7628 / 0.8727, the factorisation 0.7583 / 0.7657 / 0.8747; against the
+baseline AUC +0.0028/-0.0002/+0.0038, MAE +0.0034/-0.0049/+0.0063, nDCG@3
+-0.0006/+0.0023/+0.0079 (6 of 9), against the factorisation AUC +0.0002/+0.0064/-0.0025,
+MAE +0.0086/+0.0007/+0.0042, nDCG@3 +0.0011/+0.0070/-0.0047 (7 of 9), against item mean +
+offset 9 of 9; not reached. Rare items were not run with it.
+
 With each model's adapted predictions blended with the factorisation's own fold-in at the
-weight chosen on validation (``model.prior.blend``, the default since b410027; run at
+weight chosen on validation (``model.prior.blend`` unset, shipped from b410027 to 5c132ab; run at
 dc6a125, 2026-11-26, ``--seeds 0,1,2 --trials 8 --jobs 1``, 77 minutes beside the
 rare-item run and a CI run; the rows "meta, not blended with the fold-in" and "baseline,
 not blended with the fold-in" reproduce the run below): MovieLens 100K, MAML 0.7577 /
