@@ -643,6 +643,13 @@ def baseline_embedding_l2(config: PipelineConfig) -> float:
     return config.train.embedding_l2
 
 
+def configured_blend(model: ModelConfig) -> float | None:
+    """The blend with the label prior's fold-in that the config fixes
+    (``model.prior.blend``), or None: no prior, or a blend left to be chosen on
+    validation."""
+    return None if model.prior is None else model.prior.blend
+
+
 def ridge_applies(model: ModelConfig) -> bool:
     """Whether the output layer can be solved in closed form (``meta.ridge``): a MeLU
     tower with a rating head."""

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf import distributed
-from gmeta_tf.config import PipelineConfig, tower_sparse_features
+from gmeta_tf.config import PipelineConfig, configured_blend, tower_sparse_features
 from gmeta_tf.meta import EvaluationReport, MetaModel, fine_tuned_predictions
 from gmeta_tf.meta.evaluation import fold_in_predictions, report_from_rows, traced_once
 from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
@@ -259,9 +259,9 @@ class Validator:
         #: Model name -> the tower whose blend is chosen here.
         self.blended: dict[str, Tower] = {}
         if self.tasks:
-            prior = config.model.prior
+            fixed = configured_blend(config.model) is not None
             for name, model in (("model", models.model), ("baseline", models.baseline)):
-                if model is not None and blends(model, config, name) and prior.blend is None:
+                if model is not None and not fixed and blends(model, config, name):
                     self.blended[name] = model.tower
             # a blend chosen here is applied here, to the predictions unblended
             self.predictors["model"] = meta_predict(models.model, config.eval.adapt_steps,

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import (ConfigError, ModelConfig, PipelineConfig, baseline_embedding_l2,
-                             tower_sparse_features)
+                             configured_blend, tower_sparse_features)
 from gmeta_tf.embedding import FeatureConfig, ShardedHashEmbedding
 from gmeta_tf.embedding.id_salt import feature_salt
 from gmeta_tf.meta import MetaModel
@@ -224,12 +224,12 @@ def set_configured_blend(models: Models, config: PipelineConfig) -> None:
     """Sets a ``model.prior.blend`` given in the config on every tower (after a restore
     too: the config's value, not the checkpoint's); unset, it is chosen on validation
     (``evaluation.Validator``) and a checkpoint's is kept."""
-    prior = config.model.prior
-    if prior is None or prior.blend is None:
+    blend = configured_blend(config.model)
+    if blend is None:
         return
     for model in (models.model, models.baseline):
         if model is not None and model.tower.prior_blend is not None:
-            model.tower.prior_blend.assign(prior.blend)
+            model.tower.prior_blend.assign(blend)
 
 
 def dense_slow_variables(model: tf.keras.Model) -> list[tf.Variable]:

@@ -217,6 +217,17 @@ def test_item_factors_and_embedding_penalties_reach_the_models():
     assert (own.train.embedding_l2, baseline_embedding_l2(own)) == (0.0, 0.1)
 
 
+def test_the_configured_blend_is_none_without_a_prior_or_a_fixed_weight():
+    """Whether a run fixes its blend, asked of one helper: a pipeline without a prior has
+    no ``model.prior`` to read a blend from (the Validator once did, and failed)."""
+    from gmeta_tf.config import configured_blend
+    assert load_config("default", tuned=False).model.prior is None
+    assert configured_blend(load_config("default", tuned=False).model) is None
+    assert configured_blend(load_config("movielens", tuned=False).model) == 0.5
+    chosen = load_config("movielens", ["model.prior.blend=null"], tuned=False)
+    assert chosen.model.prior is not None and configured_blend(chosen.model) is None
+
+
 def test_a_feature_in_two_tables_is_rejected():
     raw = _default_raw()
     raw["model"]["tables"]["item"]["features"].append("user_id")
