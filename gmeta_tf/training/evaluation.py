@@ -239,15 +239,16 @@ class Validator:
     without one); metrics are ``auc``, ``task_auc``, ``ndcg@k``, ``logloss`` or ``mae``,
     ``tasks`` and ``rows``; empty when the split has no rows.
 
-    Under a label prior with factors and ``model.prior.blend`` unset, each adapting
-    model's blend with the prior's fold-in (``Tower.prior_blend``) is chosen at every
-    validation: the weight with the least squared error on the validation query rows
-    (``chosen_blend``, over every split of the tasks), set on the tower (so the checkpoint
-    saved after it carries it) and reported as ``blend``, with the selection metric of the
-    blended predictions (``blended_auc``). The other metrics, those that choose
-    checkpoints and stop training among them, are of the model's own predictions: the
-    blend is fitted to a model, not a way for an untrained one to look trained (early in
-    training the blend is all fold-in, whose figures a checkpoint would then keep).
+    Under a label prior with factors, each adapting model's blend with the prior's
+    fold-in (``Tower.prior_blend``) is reported as ``blend``, with the selection metric of
+    the blended predictions (``blended_auc``). With ``model.prior.blend`` unset it is
+    chosen at every validation: the weight with the least squared error on the validation
+    query rows (``chosen_blend``, over every split of the tasks), set on the tower (so the
+    checkpoint saved after it carries it); set, it is the config's. The other metrics,
+    those that choose checkpoints and stop training among them, are of the model's own
+    predictions either way: the blend is applied to a model, not a way for an untrained
+    one to look trained (blended with the fold-in, an early checkpoint's figures are
+    largely the factorisation's, and a checkpoint would keep them).
     """
 
     def __init__(self, models: Models, config: PipelineConfig):
@@ -256,14 +257,13 @@ class Validator:
         self.kind, self.k = models.model.head.kind, config.eval.ndcg_k
         self.tasks = models.is_meta
         self.predictors: dict[str, PredictFn] = {}
-        #: Model name -> the tower whose blend is chosen here.
+        #: Model name -> the tower whose blend is applied (and, unless set, chosen) here.
         self.blended: dict[str, Tower] = {}
         if self.tasks:
-            fixed = configured_blend(config.model) is not None
             for name, model in (("model", models.model), ("baseline", models.baseline)):
-                if model is not None and not fixed and blends(model, config, name):
+                if model is not None and blends(model, config, name):
                     self.blended[name] = model.tower
-            # a blend chosen here is applied here, to the predictions unblended
+            # the blend is applied here, to the predictions unblended
             self.predictors["model"] = meta_predict(models.model, config.eval.adapt_steps,
                                                     blended="model" not in self.blended)
             if models.baseline is not None:
@@ -332,16 +332,19 @@ class Validator:
         return ScoredRows.concat([p for p, (_, real) in zip(parts, batches) if real]).gathered()
 
     def _blend(self, tower: Tower, splits: list[ScoredRows]) -> tuple[list[ScoredRows], float]:
-        """The splits' rows blended with the prior's fold-in at the weight chosen on them,
-        which is set on ``tower``; and that weight."""
+        """The splits' rows blended with the prior's fold-in at the config's weight or,
+        unset, the weight chosen on them, which is set on ``tower``; and that weight."""
         if self._fold_in is None:  # the prior is fixed during training: scored once
             predict = fold_in_predictions(tower, self.models.model.head)
             self._fold_in = [self._scored(predict, batches) for batches in self._batches]
         fold_in = [f.prediction for f in self._fold_in]
         for s, f in zip(splits, self._fold_in):  # the same batches: the same rows in order
             assert np.array_equal(s.task_id, f.task_id) and np.array_equal(s.label, f.label)
-        blend = chosen_blend(np.concatenate([s.prediction for s in splits]),
-                             np.concatenate(fold_in), np.concatenate([s.label for s in splits]))
+        blend = configured_blend(self.config.model)
+        if blend is None:
+            blend = chosen_blend(np.concatenate([s.prediction for s in splits]),
+                                 np.concatenate(fold_in),
+                                 np.concatenate([s.label for s in splits]))
         tower.prior_blend.assign(blend)
         return [dataclasses.replace(s, prediction=blend * s.prediction + (1.0 - blend) * f)
                 for s, f in zip(splits, fold_in)], blend

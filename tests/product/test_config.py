@@ -223,9 +223,10 @@ def test_the_configured_blend_is_none_without_a_prior_or_a_fixed_weight():
     from gmeta_tf.config import configured_blend
     assert load_config("default", tuned=False).model.prior is None
     assert configured_blend(load_config("default", tuned=False).model) is None
-    assert configured_blend(load_config("movielens", tuned=False).model) == 0.5
-    chosen = load_config("movielens", ["model.prior.blend=null"], tuned=False)
+    chosen = load_config("movielens", tuned=False)
     assert chosen.model.prior is not None and configured_blend(chosen.model) is None
+    fixed = load_config("movielens", ["model.prior.blend=0.5"], tuned=False)
+    assert configured_blend(fixed.model) == 0.5
 
 
 def test_a_feature_in_two_tables_is_rejected():

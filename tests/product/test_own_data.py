@@ -131,10 +131,15 @@ def test_a_blend_set_in_the_config_is_used_as_it_is_not_chosen(ratings_run):
     towers = [models.model.tower, models.baseline.tower]
     assert [float(t.prior_blend.numpy()) for t in towers] == [0.25, 0.25]
     validator = Validator(models, fixed)
-    assert not validator.blended
+    assert set(validator.blended) == {"model", "baseline"}
     results = validator()
-    assert "blend" not in results["model"] and "blend" not in results["baseline"]
+    assert [results[name]["blend"] for name in ("model", "baseline")] == [0.25, 0.25]
     assert [float(t.prior_blend.numpy()) for t in towers] == [0.25, 0.25]
+    # chosen on the model's own predictions, as with a fitted blend: the validator scores
+    # them unblended and blends them itself
+    unblended = Validator(models, config)()
+    assert results["model"]["auc"] == pytest.approx(unblended["model"]["auc"], abs=1e-9)
+    assert results["model"]["blended_auc"] != pytest.approx(results["model"]["auc"], abs=1e-6)
 
 
 def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tmp_path):
