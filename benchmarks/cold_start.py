@@ -97,17 +97,22 @@ than 0.8080 / 0.8340 / 0.8462. None came nearer the offset model than the run-to
 spread.
 
 With both models blended half and half with the factorisation's fold-in
-(``--set model.prior.blend=0.5``, as ``pipelines/movielens.yaml`` ships since 5c132ab; run
+(``--set model.prior.blend=0.5``, shipped in ``pipelines/movielens.yaml`` from 5c132ab to
+8f88860, checkpoints and tune choosing on the blended predictions; run
 at 8328757, 2026-11-27, ``--seeds 0,1,2 --trials 8 --jobs 1``, seed 2 as a second process
 of the same command beside a CI run): MovieLens 100K, MAML 0.7596 / 0.7612 / 0.8759, the
 baseline 0.7575 / 0.7628 / 0.8727, the factorisation 0.7583 / 0.7657 / 0.8747; against the
 baseline AUC +0.0028/-0.0002/+0.0038, MAE +0.0034/-0.0049/+0.0063, nDCG@3
 -0.0006/+0.0023/+0.0079 (6 of 9), against the factorisation AUC +0.0002/+0.0064/-0.0025,
 MAE +0.0086/+0.0007/+0.0042, nDCG@3 +0.0011/+0.0070/-0.0047 (7 of 9), against item mean +
-offset 9 of 9; not reached. Rare items were not run with it.
+offset 9 of 9; not reached. The rare-item command with it (at 10d790e): MAML 0.7371 /
+0.7963 / 0.8634, the baseline 0.7389 / 0.8104 / 0.8614, the factorisation 0.7381 / 0.7962
+/ 0.8611; against the baseline 5 of 9, the factorisation 3 of 9 (fitted blend: 5 and 5),
+item mean + offset 7 of 9; not reached, and the pipeline went back to the fitted blend.
 
 With each model's adapted predictions blended with the factorisation's own fold-in at the
-weight chosen on validation (``model.prior.blend`` unset, shipped from b410027 to 5c132ab; run at
+weight chosen on validation (``model.prior.blend`` unset, shipped from b410027 to 5c132ab
+and again from 8f88860; run at
 dc6a125, 2026-11-26, ``--seeds 0,1,2 --trials 8 --jobs 1``, 77 minutes beside the
 rare-item run and a CI run; the rows "meta, not blended with the fold-in" and "baseline,
 not blended with the fold-in" reproduce the run below): MovieLens 100K, MAML 0.7577 /
