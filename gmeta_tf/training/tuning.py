@@ -17,7 +17,8 @@ among them (the incumbent, ``recheck_picks``), are trained once more with other 
 weights and another batch order (``model.seed`` and ``train.shuffle_seed`` + 1; re-check
 i pairs the meta model's i-th pick with the baseline's i-th, so both studies get the same
 number of re-checks) and each study's choice is the setting with the best mean of its
-two runs.
+two runs, unless that beats the pipeline's own settings by no more than one standard error
+of the difference (``choose_setting``): then the pipeline's own settings stay.
 A model whose loss is not finite stops training while the other trains on
 (``gmeta_tf.training.trainer``), so one study's diverging setting never costs the other
 study its trial.
@@ -322,21 +323,60 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
                          np_, patience, metric)
     chosen = {}
     for name in studies:
-        def score(number: int) -> float:
-            runs = [results[number].values[name], *rechecked.get((name, number), [])]
-            runs = [v if math.isfinite(v) else (-math.inf if maximize else math.inf)
-                    for v in runs]
-            return sum(runs) / len(runs)
+        runs = {n: [results[n].values[name], *rechecked.get((name, n), [])]
+                for n in ranked[name]}
         candidates = [n for n in ranked[name] if (name, n) in rechecked] or ranked[name][:1]
-        number = (max if maximize else min)(candidates, key=score)
+        number, margin = choose_setting({n: runs[n] for n in candidates}, maximize)
         best = results[number]
         chosen[name] = {"trial": number, "value": best.values[name],
-                        "mean_with_recheck": score(number),
+                        "mean_with_recheck": _mean(runs[number], maximize),
+                        "incumbent_margin": margin,
                         "best_step": best.best_steps.get(name), "settings": best.settings[name]}
     summary = {"metric": metric, "trials": trials, "rechecks": rechecks, "chosen": chosen,
                "split": config.train.validation_split, "world_size": np_}
     write_tuned(config, summary)
     return summary
+
+
+def _mean(values: list[float], maximize: bool) -> float:
+    """A setting's mean over its runs; a run that was not finite counts as the worst."""
+    worst = -math.inf if maximize else math.inf
+    values = [v if math.isfinite(v) else worst for v in values]
+    return sum(values) / len(values)
+
+
+def choose_setting(runs: dict[int, list[float]], maximize: bool,
+                   incumbent: int = 0) -> tuple[int, float | None]:
+    """The study's choice among its re-checked settings (trial number -> its runs' values)
+    and the margin a challenger had to beat (None when the incumbent was not a candidate).
+
+    The best mean wins, unless the incumbent (the pipeline's own settings, trial 0) is a
+    candidate and the best challenger beats it by no more than one standard error of the
+    difference of their means: the run-to-run spread is pooled over every candidate with
+    more than one finite run (each re-checked setting's runs differ only in their seeds),
+    and the standard error is that spread times sqrt(1/n_challenger + 1/n_incumbent). The
+    best of a few noisy means is biased upward (the winner's curse), so a challenger inside
+    the noise replaces the settings a user started from only by luck: the one-standard-error
+    rule (Breiman et al. 1984; Hastie et al., The Elements of Statistical Learning, 7.10).
+    Both studies choose by this same rule. Without a repeat run the spread is unknown and
+    the best mean wins.
+    """
+    means = {n: _mean(v, maximize) for n, v in runs.items()}
+    pick = (max if maximize else min)(means, key=lambda n: means[n])
+    if incumbent not in runs or pick == incumbent or not math.isfinite(means[incumbent]):
+        return pick, None
+    squares, dof = 0.0, 0
+    for values in runs.values():
+        finite = [v for v in values if math.isfinite(v)]
+        if len(finite) > 1:
+            centre = sum(finite) / len(finite)
+            squares += sum((v - centre) ** 2 for v in finite)
+            dof += len(finite) - 1
+    if dof == 0:
+        return pick, None
+    margin = math.sqrt(squares / dof) * math.sqrt(1 / len(runs[pick]) + 1 / len(runs[incumbent]))
+    gain = means[pick] - means[incumbent] if maximize else means[incumbent] - means[pick]
+    return (pick if gain > margin else incumbent), margin
 
 
 def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root: Path,
@@ -411,7 +451,9 @@ def write_tuned(config: PipelineConfig, summary: dict) -> Path:
              f"{summary['metric']}, {summary['trials']} trials per study and "
              f"{summary['rechecks']} re-checks, at world size {summary['world_size']}:"]
     lines += [f"#   {n}: trial {c['trial']}, {summary['metric']} {c['value']:.4f} (best step "
-              f"{c['best_step']}; with its re-check {c['mean_with_recheck']:.4f})"
+              f"{c['best_step']}; with its re-check {c['mean_with_recheck']:.4f}"
+              + ("" if c.get("incumbent_margin") is None else
+                 f"; a challenger had to beat trial 0 by {c['incumbent_margin']:.4f}") + ")"
               for n, c in summary["chosen"].items()]
     nested[TUNED_AT_KEY] = {"world_size": summary["world_size"]}
     text = "\n".join(lines) + "\n" + yaml.safe_dump(nested, sort_keys=True)

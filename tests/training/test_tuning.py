@@ -1,5 +1,7 @@
 """gmeta tune's search spaces: each study's first trial is the pipeline's own settings."""
 
+import math
+
 import optuna
 import pytest
 
@@ -66,3 +68,31 @@ def test_ridge_is_searched_only_where_it_applies():
 ])
 def test_rechecks_take_each_studys_best_and_its_own_settings(ranked, rechecks, expected):
     assert tuning.recheck_picks(ranked, rechecks) == expected
+
+
+def test_a_challenger_inside_the_run_to_run_noise_keeps_the_incumbent():
+    # Session 26's MovieLens seed 1: k = 1 (trial 1) beat the pipeline's own k = 5 by
+    # 0.0001 on the mean of two runs each, while the same settings' two runs differed by
+    # 0.0004-0.0013.
+    runs = {0: [0.7728, 0.7715], 1: [0.7724, 0.7721]}
+    number, margin = tuning.choose_setting(runs, maximize=True)
+    spread = math.sqrt(((0.7728 - 0.7715) ** 2 + (0.7724 - 0.7721) ** 2) / 4)
+    assert number == 0
+    assert margin == pytest.approx(spread)  # sqrt(1/2 + 1/2) = 1
+
+
+def test_a_challenger_beyond_the_noise_replaces_the_incumbent():
+    runs = {0: [0.7334, 0.7332], 5: [0.7367, 0.7373], 7: [0.7354, 0.7357]}
+    number, margin = tuning.choose_setting(runs, maximize=True)
+    assert number == 5 and 0 < margin < 0.0036
+
+
+def test_the_rule_turns_with_the_metric_and_counts_a_failed_run_as_the_worst():
+    # MAE: lower is better; the challenger is better by 0.01 with a spread of ~0.001.
+    assert tuning.choose_setting({0: [0.80, 0.801], 3: [0.79, 0.791]}, maximize=False)[0] == 3
+    assert tuning.choose_setting({0: [0.80, 0.801], 3: [0.80, 0.8005]}, maximize=False)[0] == 0
+    # The incumbent's re-check failed: its mean is the worst, the challenger wins.
+    assert tuning.choose_setting({0: [0.75, math.nan], 2: [0.74, 0.741]}, True) == (2, None)
+    # Without the incumbent among the candidates, or without any repeat run, the best mean.
+    assert tuning.choose_setting({1: [0.70, 0.71], 2: [0.72, 0.70]}, True) == (2, None)
+    assert tuning.choose_setting({0: [0.70], 2: [0.7001]}, True) == (2, None)
