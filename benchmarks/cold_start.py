@@ -457,12 +457,11 @@ def complete_rows(runs: list[dict]) -> None:
     when its chosen blend is 1 (the same predictions as its blended row), so that seed's
     unblended row is its blended row."""
     names = {n for r in runs for n in r["rows"]}
-    for r in runs:
+    for i, r in enumerate(runs):
         for name in sorted(names - set(r["rows"])):
-            blended = next((n for n in r["rows"] if name.endswith(UNBLENDED)
-                            and _short(n) == name.removesuffix(UNBLENDED)), None)
-            if blended is None:
-                raise KeyError(f"seed {r.get('seed')} has no row {name!r}")
+            blended = name.removesuffix(UNBLENDED)
+            if blended == name or blended not in r["rows"]:
+                raise KeyError(f"run {i} (of the --seeds order) has no row {name!r}")
             r["rows"][name] = r["rows"][blended]
 
 
