@@ -33,8 +33,8 @@ def run_readme_commands(work: Path, first_line: str,
     for words in readme_commands_after(first_line):
         assert words[0] == "gmeta", words
         extra = shorter if words[1] in ("tune", "train", "eval", "export") else []
-        if words[1] == "tune":  # and the tuning budget: 2 trials per study, 1 re-check
-            extra = extra + ["--trials", "2", "--rechecks", "1"]
+        if words[1] == "tune":  # and the budget: the pipeline's own settings, no re-check
+            extra = extra + ["--trials", "1", "--rechecks", "0"]  # (search: test_selection)
         result = subprocess.run([gmeta(), *words[1:], *extra], cwd=work, capture_output=True,
                                 text=True, timeout=900,
                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
