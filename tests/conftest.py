@@ -18,10 +18,3 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA} (CI always has it)")
     return SHARED_DATA
-
-
-def pytest_collection_modifyitems(config, items):
-    """The Docker image test first: its build waits mostly on downloads and on compilers in
-    other processes, so under `make test`'s two workers (a test file each) it overlaps the
-    rest of the suite instead of running alone at its end. The rest keep their order."""
-    items.sort(key=lambda item: item.get_closest_marker("docker") is None)
