@@ -19,11 +19,10 @@ demo: setup
 	@$(PY) -m gmeta_tf.demo $(DEMO_ARGS)
 
 # Two test processes (pytest-xdist), each taking whole files so a module's fixture (a
-# trained run) is made once, the longest files first (tests/conftest.py, LONGEST_FIRST);
-# TEST_WORKERS=0 runs the suite in this one process.
+# trained run) is made once; TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 test: setup
-	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 lint:
 	@$(PY) -m ruff check gmeta_tf tests benchmarks

@@ -60,7 +60,7 @@ def image():
         if started.returncode != 0:
             pytest.skip(f"no Docker engine: {started.stdout.strip().splitlines()[-1:]}")
     try:
-        output = _run(["bash", "docker/build.sh", "--tag", IMAGE], timeout=3000)
+        output = _run(["bash", "docker/build.sh", "--tag", IMAGE], timeout=2400)
         print(*[line for line in output.splitlines() if " built in " in line])  # time, size
         yield IMAGE
     finally:
