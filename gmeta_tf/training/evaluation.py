@@ -116,16 +116,40 @@ def blends(model: tf.keras.Model, config: PipelineConfig, name: str) -> bool:
     return model.tower.prior_blend is not None and bool(adaptation_steps(config, name))
 
 
-def chosen_blend(adapted: np.ndarray, fold_in: np.ndarray, labels: np.ndarray) -> float:
-    """The weight ``b`` in [0, 1] of ``b * adapted + (1 - b) * fold_in`` with the least
-    squared error on ``labels`` (closed form; 1 when the two predictions are the same,
-    and when an adapted prediction is not finite: a diverged model is not hidden)."""
-    diff = np.asarray(adapted, np.float64) - fold_in
+#: The weight a fitted blend is shrunk toward: the two predictions averaged.
+EQUAL_BLEND = 0.5
+
+
+def chosen_blend(adapted: np.ndarray, fold_in: np.ndarray, labels: np.ndarray,
+                 groups: np.ndarray | None = None) -> float:
+    """The weight ``b`` in [0, 1] of ``b * adapted + (1 - b) * fold_in``: the weight with
+    the least squared error on ``labels`` (closed form), moved toward an equal mix
+    (``EQUAL_BLEND``) by at most one standard error of it, then kept in [0, 1].
+
+    The standard error is clustered by ``groups`` (each row's task: a user's rows are
+    not independent; default, each row its own). Why shrink: a fitted combination weight
+    carries estimation noise that equal weights do not (the forecast-combination puzzle,
+    Stock and Watson 2004; Smith and Wallis 2009), and the rows that fit it also chose the
+    network's checkpoint and settings, which flatters the network; within one standard
+    error the data cannot tell the weights apart, and the simpler mix is kept (the
+    one-SE rule, as ``gmeta tune`` keeps its incumbent). Returns 1 when the two
+    predictions are the same, and when an adapted prediction is not finite: a diverged
+    model is not hidden."""
+    adapted = np.asarray(adapted, np.float64)
+    fold_in = np.asarray(fold_in, np.float64)
+    diff = adapted - fold_in
     denominator = float(np.dot(diff, diff))
     if not np.isfinite(denominator) or denominator <= 0.0:
         return 1.0
-    return float(np.clip(np.dot(np.asarray(labels, np.float64) - fold_in, diff) / denominator,
-                         0.0, 1.0))
+    residual = np.asarray(labels, np.float64) - fold_in
+    fitted = float(np.dot(residual, diff)) / denominator
+    groups = np.arange(len(diff)) if groups is None else np.asarray(groups)
+    _, group = np.unique(groups, return_inverse=True)
+    count = int(group.max()) + 1
+    scores = np.bincount(group, weights=diff * (residual - fitted * diff), minlength=count)
+    error = (float(np.sqrt(count / (count - 1) * np.dot(scores, scores))) / denominator
+             if count > 1 else 0.0)
+    return float(np.clip(np.clip(EQUAL_BLEND, fitted - error, fitted + error), 0.0, 1.0))
 
 
 def baseline_ridge(config: PipelineConfig) -> float:
@@ -242,8 +266,9 @@ class Validator:
     Under a label prior with factors, each adapting model's blend with the prior's
     fold-in (``Tower.prior_blend``) is reported as ``blend``, with the selection metric of
     the blended predictions (``blended_auc``). With ``model.prior.blend`` unset it is
-    chosen at every validation: the weight with the least squared error on the validation
-    query rows (``chosen_blend``, over every split of the tasks), set on the tower (so the
+    chosen at every validation: the least-squares weight on the validation query rows,
+    moved toward an equal mix by up to one standard error (``chosen_blend``, over every
+    split of the tasks, clustered by task), set on the tower (so the
     checkpoint saved after it carries it); set, it is the config's. The other metrics,
     those that choose checkpoints and stop training among them, are of the model's own
     predictions either way: the blend is applied to a model, not a way for an untrained
@@ -344,7 +369,8 @@ class Validator:
         if blend is None:
             blend = chosen_blend(np.concatenate([s.prediction for s in splits]),
                                  np.concatenate(fold_in),
-                                 np.concatenate([s.label for s in splits]))
+                                 np.concatenate([s.label for s in splits]),
+                                 np.concatenate([s.task_id for s in splits]))
         tower.prior_blend.assign(blend)
         return [dataclasses.replace(s, prediction=blend * s.prediction + (1.0 - blend) * f)
                 for s, f in zip(splits, fold_in)], blend

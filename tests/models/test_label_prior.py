@@ -367,19 +367,41 @@ def test_adapted_outputs_blend_with_the_factorisations_own_fold_in_at_the_towers
                                                             blended=False).numpy())
 
 
-def test_the_chosen_blend_is_the_least_squares_weight_in_zero_to_one():
+def test_the_chosen_blend_is_the_least_squares_weight_moved_toward_half_by_one_se():
     rng = np.random.default_rng(0)
-    labels = rng.normal(3.5, 1.0, 500)
-    fold_in = labels + rng.normal(0, 0.8, 500)
-    adapted = labels + rng.normal(0, 0.8, 500)
+    users, rows = 60, 20
+    groups = np.repeat(np.arange(users), rows)
+    labels = rng.normal(3.5, 1.0, users * rows)
+    # the adapted prediction is the better one; each user's errors share a term
+    fold_in = labels + rng.normal(0, 0.9, users * rows) + np.repeat(rng.normal(0, 0.5, users),
+                                                                     rows)
+    adapted = labels + rng.normal(0, 0.4, users * rows) + np.repeat(rng.normal(0, 0.2, users),
+                                                                     rows)
     grid = np.linspace(0, 1, 1001)
     errors = [np.sum((b * adapted + (1 - b) * fold_in - labels) ** 2) for b in grid]
-    chosen = chosen_blend(adapted, fold_in, labels)
-    assert 0.2 < chosen < 0.8
-    assert abs(chosen - grid[int(np.argmin(errors))]) < 1e-3
-    assert chosen_blend(labels, fold_in, labels) == 1.0           # the adapted is exact
-    assert chosen_blend(2 * fold_in - labels, fold_in, labels) == 0.0  # -1, clipped
-    assert chosen_blend(fold_in, fold_in, labels) == 1.0          # nothing to choose
+    fitted = grid[int(np.argmin(errors))]
+    assert fitted > 0.75
+    # the standard error of the fitted weight, by resampling users
+    diff, residual = adapted - fold_in, labels - fold_in
+    boot = []
+    for _ in range(2000):
+        pick = np.concatenate([np.flatnonzero(groups == g)
+                               for g in rng.integers(0, users, users)])
+        boot.append(np.dot(residual[pick], diff[pick]) / np.dot(diff[pick], diff[pick]))
+    error = float(np.std(boot))
+    chosen = chosen_blend(adapted, fold_in, labels, groups)
+    assert 0.5 < chosen < fitted
+    assert abs((fitted - chosen) - error) < 0.25 * error
+    # treating a user's rows as independent understates the error: moved less
+    assert chosen < chosen_blend(adapted, fold_in, labels) < fitted
+    # two predictions as good as each other, from a handful of users: an equal mix
+    few = groups < 5
+    other = labels + rng.normal(0, 0.4, users * rows) + np.repeat(rng.normal(0, 0.2, users),
+                                                                  rows)
+    assert chosen_blend(adapted[few], other[few], labels[few], groups[few]) == 0.5
+    assert chosen_blend(labels, fold_in, labels, groups) == 1.0           # the adapted is exact
+    assert chosen_blend(2 * fold_in - labels, fold_in, labels, groups) == 0.0  # -1, clipped
+    assert chosen_blend(fold_in, fold_in, labels, groups) == 1.0          # nothing to choose
     diverged = adapted.copy()
     diverged[3] = np.nan
-    assert chosen_blend(diverged, fold_in, labels) == 1.0         # not hidden by the blend
+    assert chosen_blend(diverged, fold_in, labels, groups) == 1.0         # not hidden by it
