@@ -158,8 +158,9 @@ class PriorSection:
     blended with the factorisation's own fold-in: ``blend * adapted + (1 - blend) *
     fold-in`` (the factorisation alone holds less noise; a network trained on the
     training users' query rows trusts itself more than new users bear out). ``blend``
-    None: chosen for each model at every validation, the weight in [0, 1] with the least
-    squared error on the validation query rows; 1: no blend."""
+    None: chosen for each model at every validation, the weight with the least squared
+    error on the validation query rows moved toward 0.5 by at most one standard error
+    (``evaluation.chosen_blend``), in [0, 1]; 1: no blend."""
 
     feature: str = ""
     damping: float | None = field(None, min=0.0)
