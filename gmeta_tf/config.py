@@ -160,7 +160,11 @@ class PriorSection:
     training users' query rows trusts itself more than new users bear out). ``blend``
     None: chosen for each model at every validation, the weight with the least squared
     error on the validation query rows moved toward 0.5 by at most one standard error
-    (``evaluation.chosen_blend``), in [0, 1]; 1: no blend."""
+    (``evaluation.chosen_blend``), in [0, 1]; 1: no blend. ``factors_in_output`` false
+    keeps the factors out of the tower: the output layer reads the last hidden layer
+    alone (the item's bias still under it) and the factors serve only the fold-in that
+    the adapted predictions are blended with, so the network and the factorisation err
+    apart (both models alike)."""
 
     feature: str = ""
     damping: float | None = field(None, min=0.0)
@@ -168,6 +172,7 @@ class PriorSection:
     factors: int = field(0, min=0)
     fold_in: float | None = field(None, min_exclusive=0.0)
     blend: float | None = field(None, min=0.0, max=1.0)
+    factors_in_output: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -710,6 +715,9 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("model.prior.factors", model.prior.factors,
                     f"0 for tower '{model.tower}' with a '{model.head.kind}' head (the "
                     f"factorisation is of ratings, read by MeLU's output layer)")
+    if model.prior is not None and not model.prior.factors_in_output and not model.prior.factors:
+        raise _fail("model.prior.factors_in_output", model.prior.factors_in_output,
+                    "true without model.prior.factors (there are no factors to keep out)")
     if model.prior is not None and model.prior.blend is not None and not model.prior.factors:
         raise _fail("model.prior.blend", model.prior.blend,
                     "None without model.prior.factors (the blend is with the factorisation's "

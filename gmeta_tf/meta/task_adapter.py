@@ -38,7 +38,8 @@ def initial_ridge(tower: Tower, ridge: float) -> Callable[[], tf.Tensor]:
     and for the bias, so that with the hidden weights held the solve is the
     factorisation's own fold-in of the task."""
     size = ridge_size(tower)
-    factors = tower.prior.factors if tower.prior is not None else 0
+    factors = (tower.prior.factors if tower.prior is not None and tower.prior.factors_in_output
+               else 0)
     if not factors:
         return lambda: tf.fill([size], float(ridge))
     folded_in = tf.constant([False] * (size - 1 - factors) + [True] * (factors + 1))

@@ -88,6 +88,9 @@ class LabelPrior(tf.Module):
         folds: K, the folds of training tasks whose rows read out-of-fold priors (1: every
             row reads the prior of all training rows, its own label included).
         factors: F, the width of each value's factor vector (0: a mean label only).
+        factors_in_output: A MeLU output layer reads the factors beside its last hidden
+            layer (False: they serve only the factorisation's own fold-in, which adapted
+            predictions are blended with, and the tower reads the item's bias alone).
 
     Example::
 
@@ -97,7 +100,7 @@ class LabelPrior(tf.Module):
     """
 
     def __init__(self, feature: str, kind: str, folds: int = 1, factors: int = 0,
-                 name: str = "label_prior"):
+                 factors_in_output: bool = True, name: str = "label_prior"):
         super().__init__(name=name)
         if kind not in ("binary", "rating"):
             raise ValueError(f"LabelPrior: kind={kind!r}, expected 'binary' or 'rating'")
@@ -108,6 +111,8 @@ class LabelPrior(tf.Module):
             raise ValueError(f"LabelPrior: factors={factors} with kind {kind!r}, expected "
                              f"0 (the factorisation is of ratings)")
         self.feature, self.kind, self.folds, self.factors = feature, kind, folds, factors
+        # Whether a MeLU output layer reads the factors (False: only the fold-in does).
+        self.factors_in_output = bool(factors) and bool(factors_in_output)
         with self.name_scope:
             self.ids = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]),
                                    trainable=False, name="ids")

@@ -93,7 +93,9 @@ class MeLUTower(Tower):
 
     @property
     def _prior_factors(self) -> int:
-        return self.prior.factors if self.prior is not None else 0
+        """How many prior factors the output layer reads (``LabelPrior.factors_in_output``)."""
+        return self.prior.factors if self.prior is not None and self.prior.factors_in_output \
+            else 0
 
     @property
     def _skip_width(self) -> int:

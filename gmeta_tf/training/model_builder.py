@@ -185,8 +185,8 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
     with tf.device(placement.dense):
         # One label prior, read by both towers.
         p = config.model.prior
-        prior = (LabelPrior(p.feature, head.kind, p.folds, p.factors) if p is not None
-                 else None)
+        prior = (LabelPrior(p.feature, head.kind, p.folds, p.factors, p.factors_in_output)
+                 if p is not None else None)
         tower = make_tower(config.model, "tower", prior)
         try:
             if config.meta.enabled:

@@ -323,14 +323,18 @@ def test_the_solve_shrinks_the_factors_and_bias_at_the_priors_fold_in_strength()
                                [30.0] * tiny.HIDDEN + [3.0] * 4, rtol=1e-5)
 
 
-def test_adapted_outputs_blend_with_the_factorisations_own_fold_in_at_the_towers_weight():
+@pytest.mark.parametrize("factors_in_output", [True, False])
+def test_adapted_outputs_blend_with_the_factorisations_own_fold_in_at_the_towers_weight(
+        factors_in_output):
     """``fold_in_predictions`` is the factorisation reference's fold-in at the prior's
     strength, whatever the tower's weights; an adapted model's predictions are ``b *
     adapted + (1 - b) * fold-in`` at the tower's ``prior_blend`` ``b`` (1 until set), the
     meta model's and the fine-tuned baseline's alike; without adaptation nothing is
-    blended."""
+    blended. With the factors kept out of the output layer, that layer reads the last
+    hidden layer alone, the solve shrinks it all at the ridge strength, and the blend is
+    still with the fold-in."""
     fitted = _fold_in_data(5)
-    prior = LabelPrior("item_id", "rating", factors=3)
+    prior = LabelPrior("item_id", "rating", factors=3, factors_in_output=factors_in_output)
     prior.assign(fitted.keys, fitted.biases, 3.0, factors=fitted.factors, fold_in=0.5)
     head = RatingHead("rating", offset=fitted.mean)
     batch = tiny.tasks(4, support=8, query=4, seed=6)
@@ -341,7 +345,10 @@ def test_adapted_outputs_blend_with_the_factorisations_own_fold_in_at_the_towers
         tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,),
                           seed=tower_seed)
         tower.prior = prior
-        tower.params()
+        kernel = tower.params()[tower.output_layer[0]]
+        assert kernel.shape[0] == tiny.HIDDEN + (3 if factors_in_output else 0)
+        strengths = initial_ridge(tower, 7.0)().numpy()
+        np.testing.assert_allclose(strengths[-4:], [0.5] * 4 if factors_in_output else [7.0] * 4)
         assert float(tower.prior_blend.numpy()) == 1.0
         assert all(v is not tower.prior_blend for v in tower.trainable_variables)
         fold_in = fold_in_predictions(tower, head)(batch).numpy()

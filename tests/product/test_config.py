@@ -100,6 +100,11 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
     ("model.prior={feature: item_id, blend: 0.5}", "'model.prior.blend' = 0.5 is not "
                                                    "allowed: expected None without "
                                                    "model.prior.factors"),
+    ("model.prior={feature: item_id, factors_in_output: false}",
+     "'model.prior.factors_in_output' = False is not allowed: expected true without "
+     "model.prior.factors"),
+    ("model.prior={feature: item_id, factors_in_output: 2}",
+     "'model.prior.factors_in_output' = 2 is not allowed"),
 ])
 def test_bad_values_are_rejected_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:
