@@ -555,6 +555,12 @@ def main() -> None:
                         help="a config override for every command of every seed (repeat), "
                              "e.g. model.prior.feature=item_id")
     args = parser.parse_args()
+    if not args.ratings_only:
+        for flag, given in (("--ratings", args.ratings is not None),
+                            ("--split-items", args.split_items != 1),
+                            ("--users", args.users is not None)):
+            if given:
+                parser.error(f"{flag} reshapes the ratings-only run; add --ratings-only")
     if not ML100K.is_dir():
         raise SystemExit(f"MovieLens 100K not found at {ML100K}")
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]

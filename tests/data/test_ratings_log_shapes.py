@@ -1,0 +1,62 @@
+"""A new user's ratings log as ``benchmarks.cold_start --ratings-only --ratings FILE`` reads
+it: a CSV with a header line (``userId,movieId,rating,timestamp``) and half-star ratings
+from 0.5 to 5, through the csv source as the benchmark's config maps it; and the flags that
+only shape that run refused without ``--ratings-only`` rather than silently ignored."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import yaml
+
+from benchmarks.cold_start import ratings_only_config
+from gmeta_tf import data
+
+ROOT = Path(__file__).resolve().parents[2]
+HALF_STARS = [0.5 * k for k in range(1, 11)]
+
+
+def half_star_log(path: Path) -> Path:
+    lines = ["userId,movieId,rating,timestamp"]
+    for user in range(1, 9):
+        for item in range(1, 21):
+            rating = HALF_STARS[(user * 7 + item * 3) % len(HALF_STARS)]
+            lines.append(f"{user},{100 + item},{rating:g},{1000 * user + item}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_half_star_csv_with_a_header_maps_by_its_own_column_names(tmp_path):
+    src = half_star_log(tmp_path / "ratings.csv")
+    config = yaml.safe_load(ratings_only_config(tmp_path, src).read_text())
+    mapping = config["data"]["mapping"]
+    assert (mapping["task"], mapping["label"], mapping["sparse"], mapping["order_by"]) == (
+        "userId", "rating", ["movieId"], "timestamp")
+    assert mapping["header"] is True and mapping["delimiter"] == ","
+    assert "columns" not in mapping
+    assert list(config["model"]["tables"]) == ["movieId"]
+    assert config["model"]["item_features"] == ["movieId"]
+    assert config["model"]["prior"]["feature"] == "movieId"
+
+    split = data.SplitConfig(query_size=5, min_rows=8)
+    data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=split)
+    table = pq.read_table([str(p) for p in sorted((tmp_path / "out").rglob("*.parquet"))])
+    rating = table.column("rating").to_numpy()
+    label = table.column("label").to_numpy()
+    assert len(rating) == 8 * 20
+    # the half stars survive as they are, and the label is the threshold on them
+    assert sorted(set(rating.tolist())) == HALF_STARS
+    np.testing.assert_array_equal(label, (rating >= 4).astype(np.float32))
+
+
+def test_flags_of_the_ratings_only_run_are_refused_without_it(tmp_path):
+    src = half_star_log(tmp_path / "ratings.csv")
+    for flags in (["--ratings", str(src)], ["--split-items", "5"], ["--users", "10"]):
+        run = subprocess.run([sys.executable, "-m", "benchmarks.cold_start", *flags],
+                             cwd=ROOT, capture_output=True, text=True)
+        assert run.returncode == 2, run.stderr
+        assert f"{flags[0]} reshapes the ratings-only run; add --ratings-only" in run.stderr
