@@ -381,7 +381,7 @@ def ratings_only_config(work: Path, ratings: Path | None = None, split_items: in
     config["data"].update(source="csv", raw=str(source), path="runs/ratings_only/data",
                           mapping=mapping)
     model = config["model"]
-    model["tables"] = {item: model["tables"]["item_id"]}
+    model["tables"] = {item: {**model["tables"]["item_id"], "features": [item]}}
     model["item_features"] = [item]
     if model.get("prior"):
         model["prior"] = {**model["prior"], "feature": item}

@@ -15,6 +15,7 @@ import yaml
 
 from benchmarks.cold_start import ratings_only_config
 from gmeta_tf import data
+from gmeta_tf.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 HALF_STARS = [0.5 * k for k in range(1, 11)]
@@ -32,7 +33,8 @@ def half_star_log(path: Path) -> Path:
 
 def test_a_half_star_csv_with_a_header_maps_by_its_own_column_names(tmp_path):
     src = half_star_log(tmp_path / "ratings.csv")
-    config = yaml.safe_load(ratings_only_config(tmp_path, src).read_text())
+    path = ratings_only_config(tmp_path, src)
+    config = yaml.safe_load(path.read_text())
     mapping = config["data"]["mapping"]
     assert (mapping["task"], mapping["label"], mapping["sparse"], mapping["order_by"]) == (
         "userId", "rating", ["movieId"], "timestamp")
@@ -41,6 +43,11 @@ def test_a_half_star_csv_with_a_header_maps_by_its_own_column_names(tmp_path):
     assert list(config["model"]["tables"]) == ["movieId"]
     assert config["model"]["item_features"] == ["movieId"]
     assert config["model"]["prior"]["feature"] == "movieId"
+    # the renamed table embeds the renamed column, so gmeta accepts the config as written
+    assert config["model"]["tables"]["movieId"]["features"] == ["movieId"]
+    checked = load_config(path, tuned=False)
+    assert list(checked.model.tables) == ["movieId"]
+    assert list(checked.model.tables["movieId"].features) == ["movieId"]
 
     split = data.SplitConfig(query_size=5, min_rows=8)
     data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=split)
