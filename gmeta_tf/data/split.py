@@ -6,9 +6,11 @@ stops early and chooses checkpoints on; the cold split is only scored by ``gmeta
 every kept task is split into a support set and a query set of ``query_size`` rows,
 chosen at random or as the task's last rows by time; tasks with fewer than ``min_rows``
 (or more than ``max_rows``, but for warm tasks kept by ``train_long_tasks``) rows are
-dropped and counted. Every decision is a pure function of ``(seed, task id, row rank in
-the task)`` computed with a counter-based hash, so the split does not depend on how the input
-was chunked or bucketed, and the same seed always reproduces it.
+dropped and counted; with ``train_long_tasks`` a long warm task drawn for validation is
+trained on instead (``max_rows`` bounds only the scored splits) and counted. Every
+decision is a pure function of ``(seed, task id, task size, row rank in the task)``
+computed with a counter-based hash, so the split does not depend on how the input was
+chunked or bucketed, and the same seed always reproduces it.
 """
 
 from __future__ import annotations
@@ -43,11 +45,11 @@ class SplitConfig:
         max_rows: Tasks with more rows are dropped (MeLU: 100), but for the warm tasks
             trained on when ``train_long_tasks``; None keeps them all.
         query_selection: "random" rows, or the "last" rows by the order column (time).
-        train_long_tasks: Keep the warm tasks (trained on) that have more than
-            ``max_rows`` rows (the default): ``max_rows`` then bounds only the scored
-            tasks (valid, cold), and training draws a long task's rows anew each epoch up
-            to the batch's support slots. False: every long task is dropped (MeLU's
-            protocol to the letter).
+        train_long_tasks: Keep the warm tasks that have more than ``max_rows`` rows
+            for training (the default), those drawn for validation too: ``max_rows``
+            then bounds only the scored tasks (valid, cold), and training draws a long
+            task's rows anew each epoch up to the batch's support slots. False: every
+            long task is dropped (MeLU's protocol to the letter).
     """
 
     seed: int = 0
@@ -138,7 +140,7 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[dict[str, pa.Tabl
         ``is_query`` int32 column and without ``__order``; counts of kept and dropped tasks.
     """
     counts = {"warm_tasks": 0, "valid_tasks": 0, "cold_tasks": 0, "dropped_short": 0,
-              "dropped_long": 0}
+              "dropped_long": 0, "long_tasks_moved_to_warm": 0}
     if table.num_rows == 0:
         return {s: table for s in SPLITS}, counts
     tasks = table.column(TASK_COLUMN).to_numpy()
@@ -151,7 +153,12 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[dict[str, pa.Tabl
     task_split = split_of_tasks(tasks[starts], config)
     too_long = sizes > (config.max_rows if config.max_rows is not None else np.inf)
     if config.train_long_tasks:
-        too_long &= task_split != 0
+        # A long task drawn for validation cannot be scored there (max_rows bounds the
+        # scored tasks) but is still warm: it is trained on rather than lost.
+        moved = too_long & (task_split == 1) & (sizes >= config.min_rows)
+        counts["long_tasks_moved_to_warm"] = int(moved.sum())
+        task_split = np.where(moved, 0, task_split).astype(np.int8)
+        too_long &= task_split == 2
     keep_task = (sizes >= config.min_rows) & ~too_long
     counts["dropped_short"] = int((sizes < config.min_rows).sum())
     counts["dropped_long"] = int(too_long.sum())
@@ -167,7 +174,7 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[dict[str, pa.Tabl
     if ORDER_COLUMN in out.column_names:
         out = out.drop_columns([ORDER_COLUMN])
     out = out.append_column(QUERY_COLUMN, pa.array(is_query))
-    row_split = split_of_tasks(out.column(TASK_COLUMN).to_numpy(), config)
+    row_split = task_split[group[final]]
     for code, name in enumerate(SPLITS):
         counts[f"{name}_tasks"] = int((task_split[keep_task] == code).sum())
     return {name: out.filter(pa.array(row_split == code)) for code, name in enumerate(SPLITS)}, counts

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from gmeta_tf import data
+from gmeta_tf.data.split import split_of_tasks
 from tests.data.conftest import convert_small
 
 
@@ -72,7 +73,7 @@ def test_last_query_selection_takes_the_latest_rows(tmp_path):
         assert list(items[~query]) == list(range(14, 2, -1))  # time order
 
 
-def test_train_long_tasks_keeps_long_warm_tasks_only(raw_csv, tmp_path):
+def test_train_long_tasks_keeps_every_long_warm_task(raw_csv, tmp_path):
     base = data.SplitConfig(query_size=10, min_rows=20, max_rows=25, train_long_tasks=False)
     kept = data.SplitConfig(query_size=10, min_rows=20, max_rows=25)  # the default keeps them
     a = data.convert_csv(str(raw_csv), str(tmp_path / "a"), data.synthetic.CSV_MAPPING, split=base)
@@ -86,3 +87,9 @@ def test_train_long_tasks_keeps_long_warm_tasks_only(raw_csv, tmp_path):
     assert gained and set(sa["warm"]) <= set(sb["warm"])
     assert all(len(sb["warm"][t]) > 25 for t in gained)
     assert b.split["dropped_long"] == a.split["dropped_long"] - len(gained)
+    # Those drawn for validation among them are trained on, not lost: only cold long
+    # tasks are dropped.
+    drawn = split_of_tasks(np.array(sorted(gained)), kept)
+    assert (drawn == 1).sum() == b.split["long_tasks_moved_to_warm"] > 0
+    assert set(drawn.tolist()) == {0, 1}
+    assert a.split["long_tasks_moved_to_warm"] == 0

@@ -3,6 +3,8 @@ key, file, line or column named) and loses nothing already written."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import subprocess
@@ -14,6 +16,7 @@ from gmeta_tf import checkpoint
 from gmeta_tf import data as meta_io
 from gmeta_tf.cli import main
 from gmeta_tf.config import ConfigError, load_config
+from gmeta_tf.data.manifest import MANIFEST_NAME
 from gmeta_tf.training import prepare_dataset
 from tests.product.conftest import tiny_overrides
 from tests.product.own_data import gmeta, write_ratings
@@ -149,6 +152,27 @@ def test_a_pipeline_converts_its_csv_and_remakes_it_when_the_csv_changes(tmp_pat
     with pytest.raises(meta_io.DataError, match="ratings.csv: no data rows in the input"):
         prepare_dataset(config)
     assert meta_io.Manifest.load(config.data.path).files == wide.files  # the good one stays
+
+
+def test_a_dataset_split_before_long_validation_tasks_were_trained_on_is_made_again(
+        tmp_path, caplog):
+    config = _ratings_pipeline(tmp_path, "data.split={query_size: 5, min_rows: 10, "
+                                         "max_rows: 14, valid_fraction: 0.3}")
+    first = prepare_dataset(config)
+    moved = first.split["long_tasks_moved_to_warm"]
+    assert moved > 0 and first.split["valid_tasks"] > 0
+    # A dataset written before: its long tasks drawn for validation were dropped, and its
+    # manifest has no count of them. It is made again (it would train on fewer tasks).
+    path = Path(config.data.path) / MANIFEST_NAME
+    record = json.loads(path.read_text())
+    del record["split"]["long_tasks_moved_to_warm"]
+    path.write_text(json.dumps(record))
+    caplog.set_level(logging.WARNING)
+    again = prepare_dataset(config)
+    assert "was split before long warm tasks drawn for validation were trained on" in (
+        caplog.text)
+    assert again.split["long_tasks_moved_to_warm"] == moved
+    assert prepare_dataset(config).files == again.files  # and then used as it is
 
 
 def test_a_dataset_source_refuses_a_config_it_does_not_fit(tmp_path):

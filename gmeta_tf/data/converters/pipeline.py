@@ -254,3 +254,7 @@ def _log_skips(counts: collections.Counter, split: SplitConfig) -> None:
     if counts["dropped_long"]:
         log.warning("dropped %d tasks with more than %s rows (max_rows)",
                     counts["dropped_long"], split.max_rows)
+    if counts["long_tasks_moved_to_warm"]:
+        log.info("trained on %d warm tasks drawn for validation: more than %s rows "
+                 "(max_rows bounds the scored tasks)", counts["long_tasks_moved_to_warm"],
+                 split.max_rows)
