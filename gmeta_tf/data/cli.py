@@ -82,7 +82,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                             "longer warm tasks are trained on unless --no-train-long-tasks")
     split.add_argument("--train-long-tasks", action=argparse.BooleanOptionalAction,
                        help="keep warm tasks longer than --max-rows for training, their rows "
-                            "drawn anew each epoch (default); --no-train-long-tasks drops "
+                            "drawn anew each epoch, those drawn for validation too "
+                            "(default); --no-train-long-tasks drops "
                             "every long task (MeLU's protocol to the letter)")
     split.add_argument("--query-selection", choices=["random", "last"],
                        help="query rows at random (default) or a task's last rows by the "
