@@ -157,7 +157,7 @@ def split_tasks(table: pa.Table, config: SplitConfig) -> tuple[dict[str, pa.Tabl
         # scored tasks) but is still warm: it is trained on rather than lost.
         moved = too_long & (task_split == 1) & (sizes >= config.min_rows)
         counts["long_tasks_moved_to_warm"] = int(moved.sum())
-        task_split = np.where(moved, 0, task_split).astype(np.int8)
+        task_split[moved] = 0
         too_long &= task_split == 2
     keep_task = (sizes >= config.min_rows) & ~too_long
     counts["dropped_short"] = int((sizes < config.min_rows).sum())

@@ -71,8 +71,8 @@ def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: in
         key = next(iter(differs))
         return (f"was split with {key} = {differs[key]!r}, the config asks for "
                 f"data.split.{key} = {wanted[key]!r}")
-    split = _split(config)
-    if (d.source != "dataset" and split.train_long_tasks and split.max_rows is not None
+    if (d.source != "dataset" and recorded.get("train_long_tasks")
+            and recorded.get("max_rows") is not None
             and "long_tasks_moved_to_warm" not in recorded):
         return ("was split before long warm tasks drawn for validation were trained on "
                 "(they were dropped)")
