@@ -706,6 +706,14 @@ def check_consistency(config: PipelineConfig) -> None:
             raise _fail(key, value, f"0 for tower '{model.tower}' with a '{model.head.kind}' "
                         f"head (ridge adaptation solves MeLU's output layer for a rating head's "
                         f"squared error)")
+    if config.meta.within_task_loss and model.head.kind != "rating":
+        raise _fail("meta.within_task_loss", config.meta.within_task_loss,
+                    f"0 with a '{model.head.kind}' head (a task's centred squared error is "
+                    f"of ratings)")
+    if config.meta.within_task_loss and not config.meta.enabled:
+        raise _fail("meta.within_task_loss", config.meta.within_task_loss,
+                    "0 with meta.enabled: false (a plain model's row batches hold no "
+                    "whole tasks)")
     tower_sparse = tower_sparse_features(model)
     if model.prior is not None and model.prior.feature not in tower_sparse:
         raise _fail("model.prior.feature", model.prior.feature,

@@ -64,6 +64,14 @@ class MetaConfig:
             task's support items then learn from their own ratings directly, not only
             through the inner loop, and the slow weights stay a good model before any
             adaptation. MAML and first-order MAML. 0: off.
+        within_task_loss: Weight of each task's within-task squared error, added to both
+            models' training losses: the meta model's query loss after adaptation and the
+            baseline's loss on its rows (the same weight, so the two keep the same
+            objective). A task's predictions and labels are each centred on their mean
+            over the task's rows, so only the order and spacing of its rows count, not its
+            level: what a ranking of one user's items (nDCG) is scored on. Squared error
+            is the user's level error squared plus this within-task error, so W > 0
+            weighs the latter 1 + W times. A rating head only. 0: off.
     """
 
     algorithm: Algorithm = "maml"
@@ -78,6 +86,7 @@ class MetaConfig:
     ridge: float = config_fields.field(0.0, min=0.0)
     ridge_lr: float | None = config_fields.field(0.02, min_exclusive=0.0)
     plain_loss: float = config_fields.field(0.0, min=0.0)
+    within_task_loss: float = config_fields.field(0.0, min=0.0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))
@@ -85,7 +94,8 @@ class MetaConfig:
         config_fields.check(self)
         if self.algorithm == "reptile":  # its dense update does not follow the outer loss
             for key, what in (("multi_step_loss", "the multi-step loss"),
-                              ("plain_loss", "the plain loss")):
+                              ("plain_loss", "the plain loss"),
+                              ("within_task_loss", "the within-task loss")):
                 if getattr(self, key):
                     raise FieldError(type(self).__name__, key, getattr(self, key),
                                      f"0 with algorithm 'reptile' (its dense update does not "

@@ -33,7 +33,8 @@ class MetaModel(tf.keras.Model):
        all T tasks at once with a leading task axis, without communication;
     3. outer loop: the mean query loss under the adapted weights (plus, with
        ``MetaConfig.plain_loss``, that weight times the unadapted loss on every row of the
-       batch's tasks), differentiated ONCE w.r.t. the dense slow weights, the learned
+       batch's tasks, and with ``MetaConfig.within_task_loss``, that weight times each
+       task's adapted query error centred on its mean), differentiated ONCE w.r.t. the dense slow weights, the learned
        inner rates and the embedding's update trigger.
        The trigger's gradient sends the embedding row gradients back in ONE all-to-all and
        applies the fused sparse optimizer on their owners; the dense gradients are
@@ -190,6 +191,10 @@ class MetaModel(tf.keras.Model):
         if training and self.config.plain_loss:
             objective += self.config.plain_loss * self._plain_loss(params, fast, support, query,
                                                                    support_losses)
+        if training and self.config.within_task_loss:
+            outputs = self.adapter.outputs(params, adapted, query)
+            objective += self.config.within_task_loss * tf.reduce_mean(
+                self.head.within_task_loss(query.labels, outputs, query.mask))
         if training and self.embedding_l2:
             objective += self.embedding_l2 * self._embedding_penalty(support, query)
         return query_loss, support_loss, params, adapted, objective

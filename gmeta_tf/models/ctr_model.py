@@ -38,10 +38,11 @@ class CTRModel(tf.keras.Model):
     """
 
     def __init__(self, embedding: tf.keras.layers.Layer, tower: Tower, head: Head,
-                 embedding_l2: float = 0.0, **kwargs):
+                 embedding_l2: float = 0.0, within_task_loss: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.embedding, self.tower, self.head = embedding, tower, head
         self.embedding_l2 = float(embedding_l2)
+        self.within_task_loss = float(within_task_loss)
         self.tower.build(None)
 
     def tower_inputs(self, features: Mapping[str, tf.Tensor], training: bool) -> dict:
@@ -58,13 +59,19 @@ class CTRModel(tf.keras.Model):
     def _loss(self, batch: Mapping[str, tf.Tensor], training: bool) -> tf.Tensor:
         inputs = self.tower_inputs(batch, training)
         labels = tf.cast(batch[self.head.label], tf.float32)
-        return self.rows_loss(inputs, labels, training)
+        tasks = batch[TASK_COLUMN] if training and self.within_task_loss else None
+        return self.rows_loss(inputs, labels, training, tasks)
 
     def rows_loss(self, inputs: Mapping[str, tf.Tensor], labels: tf.Tensor,
-                  training: bool) -> tf.Tensor:
+                  training: bool, tasks: tf.Tensor | None = None) -> tf.Tensor:
         """The mean loss of rows given the tower's inputs, plus in training the embedding
-        penalty (``embedding_l2``)."""
-        loss = tf.reduce_mean(self.head.row_loss(labels, self.tower(inputs)))
+        penalty (``embedding_l2``) and, given each row's task, ``within_task_loss`` times
+        the rows' mean within-task squared error (``RatingHead.within_task_row_loss``)."""
+        outputs = self.tower(inputs)
+        loss = tf.reduce_mean(self.head.row_loss(labels, outputs))
+        if training and self.within_task_loss and tasks is not None:
+            loss += self.within_task_loss * tf.reduce_mean(
+                self.head.within_task_row_loss(labels, outputs, tasks))
         if training and self.embedding_l2:
             loss += self.embedding_l2 * embedding_penalty(inputs, self.tower.sparse_features)
         return loss

@@ -72,6 +72,30 @@ class RatingHead(Head):
     def predict(self, outputs: tf.Tensor) -> tf.Tensor:
         return outputs + self.offset
 
+    def within_task_loss(self, labels: tf.Tensor, outputs: tf.Tensor,
+                         mask: tf.Tensor) -> tf.Tensor:
+        """Each task's within-task squared error over its real rows, ``[T, N]`` -> ``[T]``:
+        predictions and labels each centred on their mean over the task's real rows, so a
+        task's level does not count, only its rows' order and spacing. A task's squared
+        error (``masked_loss``) is its level error squared plus this. Padding rows count
+        for nothing; a task with fewer than two real rows has loss 0."""
+        mask = tf.cast(mask, tf.float32)
+        count = tf.maximum(tf.reduce_sum(mask, axis=-1, keepdims=True), 1.0)
+        error = self.predict(outputs) - tf.cast(labels, tf.float32)
+        centred = (error - tf.reduce_sum(error * mask, axis=-1, keepdims=True) / count) * mask
+        return tf.reduce_sum(tf.square(centred), axis=-1) / count[..., 0]
+
+    def within_task_row_loss(self, labels: tf.Tensor, outputs: tf.Tensor,
+                             tasks: tf.Tensor) -> tf.Tensor:
+        """``within_task_loss`` of a row batch, each row's task in ``tasks`` ``[B]``: every
+        row's error centred on its task's mean error in the batch, squared, ``[B]``."""
+        error = self.predict(outputs) - tf.cast(labels, tf.float32)
+        distinct, task = tf.unique(tf.reshape(tasks, [-1]))
+        n = tf.size(distinct)
+        count = tf.math.unsorted_segment_sum(tf.ones_like(error), task, n)
+        mean = tf.math.unsorted_segment_sum(error, task, n) / tf.maximum(count, 1.0)
+        return tf.square(error - tf.gather(mean, task))
+
 
 def make_head(kind: str, label: str, **kwargs) -> Head:
     """A head by kind name ("binary" or "rating").

@@ -200,7 +200,9 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
             raise ConfigError(f"config section 'meta' is not allowed: {err}") from err
         baseline = (CTRModel(baseline_embedding, make_tower(config.model, "baseline_tower",
                                                             prior),
-                             head, baseline_embedding_l2(config), name="baseline_model")
+                             head, baseline_embedding_l2(config),
+                             within_task_loss=config.meta.within_task_loss,
+                             name="baseline_model")
                     if with_baseline else None)
         optimizers = tf.Module(name="optimizers")
         optimizers.model = keras_optimizer(config)

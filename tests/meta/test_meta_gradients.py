@@ -5,6 +5,8 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf.meta import MetaConfig
+from gmeta_tf.meta.task_batch import task_rows
+from gmeta_tf.models import CTRModel, MeLUTower, RatingHead
 from tests.meta import tiny
 
 LR, STEPS = 0.3, 2
@@ -331,3 +333,99 @@ def test_ridge_fit_leaves_the_towers_linear_term_as_it_is():
         np.testing.assert_allclose(solved[kernel][t, :, 0].numpy(), layer[:-1], rtol=1e-4,
                                    atol=1e-5)
         np.testing.assert_allclose(solved[bias][t].numpy(), layer[-1:], rtol=1e-4, atol=1e-5)
+
+
+def _within_task_reference(predictions: np.ndarray, labels: np.ndarray,
+                           mask: np.ndarray) -> np.ndarray:
+    """Each task's mean over its real rows of ((p - mean p) - (y - mean y))^2."""
+    out = []
+    for p, y, m in zip(predictions, labels, mask > 0):
+        p, y = p[m].astype(np.float64), y[m].astype(np.float64)
+        out.append(np.mean(((p - p.mean()) - (y - y.mean())) ** 2) if len(p) else 0.0)
+    return np.array(out)
+
+
+def test_within_task_loss_is_the_squared_error_less_the_level_error():
+    """``RatingHead.within_task_loss``: the centred squared error of each task's real rows
+    (padding ignored), which is its squared error less its mean error squared; the same
+    for every shift of a task's predictions; the row form equals it row for row."""
+    head = RatingHead("rating", offset=3.0)
+    rng = np.random.default_rng(0)
+    outputs = rng.normal(size=(4, 6)).astype(np.float32)
+    labels = rng.integers(1, 6, (4, 6)).astype(np.float32)
+    mask = np.ones((4, 6), np.float32)
+    mask[0, 4:] = 0.0
+    mask[3, 1:] = 0.0  # one real row: nothing to centre
+    got = head.within_task_loss(labels, outputs, mask).numpy()
+    np.testing.assert_allclose(got, _within_task_reference(outputs + 3.0, labels, mask),
+                               rtol=1e-5, atol=1e-6)
+    assert got[3] == 0.0 and np.all(got[:3] > 0)
+    error = (outputs + 3.0 - labels) * mask
+    level = (error.sum(1) / mask.sum(1)) ** 2
+    np.testing.assert_allclose(got, head.masked_loss(labels, outputs, mask).numpy() - level,
+                               rtol=1e-4, atol=1e-5)
+    shifted = outputs + np.array([[0.5], [-2.0], [1.0], [3.0]], np.float32)
+    np.testing.assert_allclose(head.within_task_loss(labels, shifted, mask).numpy(), got,
+                               rtol=1e-4, atol=1e-5)
+    real = mask > 0
+    tasks = np.repeat(np.array([7, 3, 9, 1]), 6).reshape(4, 6)[real]
+    rows = head.within_task_row_loss(labels[real], outputs[real], tasks).numpy()
+    per_task = [rows[tasks == t].mean() for t in (7, 3, 9, 1)]
+    np.testing.assert_allclose(per_task, got, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["maml", "fomaml"])
+def test_within_task_loss_adds_its_weight_times_the_adapted_query_rows_centred_error(algorithm):
+    """``MetaConfig.within_task_loss``: the outer objective is the query loss after
+    adaptation plus the weight times each task's within-task squared error of its adapted
+    query predictions (the predictions scored at evaluation), averaged over the tasks;
+    the reported loss stays the query loss; outside training nothing is added."""
+    batch = tiny.tasks(3, seed=19)
+    weight = 0.7
+
+    def run(within):
+        model = tiny.model(MetaConfig(algorithm, inner_steps=STEPS, inner_lr=LR,
+                                      learn_inner_lr=True, within_task_loss=within))
+        tiny.insert_ids(model, batch)
+        predictions = model.adapted_predictions(batch, blended=False).numpy()
+        query_loss, _, _, _, objective = model.meta_loss(batch)
+        *_, untrained = model.meta_loss(batch, training=False)
+        return query_loss.numpy(), objective.numpy(), untrained.numpy(), predictions
+
+    loss0, objective0, _, _ = run(0.0)
+    loss, objective, untrained, predictions = run(weight)
+    np.testing.assert_allclose(loss, loss0, rtol=1e-6)
+    np.testing.assert_allclose(untrained, loss, rtol=1e-6)
+    within = _within_task_reference(predictions, batch["query"]["rating"],
+                                    batch["query"]["mask"]).mean()
+    assert within > 0
+    np.testing.assert_allclose(objective - objective0, weight * within, rtol=1e-4, atol=1e-6)
+
+
+def test_the_baselines_within_task_loss_centres_each_tasks_rows():
+    """The baseline (``CTRModel(within_task_loss=W)``), trained on a task batch's rows as
+    ``gmeta train`` trains it: its loss is the rows' squared error plus W times the mean
+    over rows of each row's error centred on its task's mean error."""
+    batch = tiny.tasks(3, seed=23)
+    rows = task_rows(batch)
+    weight = 0.4
+
+    def first_loss(within):
+        tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,),
+                          seed=3)
+        model = CTRModel(tiny.embedding(), tower, RatingHead("rating", offset=3.0),
+                         within_task_loss=within)
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1))
+        tiny.insert_ids(model, batch)
+        predictions = model(rows).numpy()  # before the step's update
+        return model.train_step(rows)["loss"].numpy(), predictions
+
+    plain, predictions = first_loss(0.0)
+    loss, _ = first_loss(weight)
+    error = predictions - rows["rating"].numpy()
+    tasks = rows["task_id"].numpy()
+    centred = np.concatenate([error[tasks == t] - error[tasks == t].mean()
+                              for t in np.unique(tasks)])
+    np.testing.assert_allclose(plain, np.mean(error ** 2), rtol=1e-5)
+    np.testing.assert_allclose(loss - plain, weight * np.mean(centred ** 2), rtol=1e-4,
+                               atol=1e-6)

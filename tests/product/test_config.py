@@ -78,6 +78,10 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
                                 "integer >= 0"),
     ("meta.plain_loss=-0.5", "'meta.plain_loss' = -0.5 is not allowed: expected a number "
                              ">= 0"),
+    ("meta.within_task_loss=-1", "'meta.within_task_loss' = -1.0 is not allowed: expected a "
+                                 "number >= 0"),
+    ("meta.within_task_loss=1", "'meta.within_task_loss' = 1.0 is not allowed: expected 0 "
+                                "with a 'binary' head"),
     ("train.pretrain_steps=-5", "'train.pretrain_steps' = -5 is not allowed: expected an "
                                 "integer >= 0"),
     ("train.valid_resplits=0", "'train.valid_resplits' = 0 is not allowed: expected an "
@@ -125,6 +129,16 @@ def test_maml_plus_plus_options_reach_the_meta_config():
                                           "expected 0 with algorithm 'reptile'"):
         load_config("default", ["meta.plain_loss=0.3", "meta.algorithm=reptile"])
     assert load_config("movielens", tuned=False).meta.plain_loss == 0.3
+    with pytest.raises(ConfigError, match="'meta.within_task_loss' = 1.0 is not allowed: "
+                                          "expected 0 with algorithm 'reptile'"):
+        load_config("movielens", ["meta.within_task_loss=1", "meta.algorithm=reptile",
+                                  "meta.multi_step_loss=0", "meta.plain_loss=0"], tuned=False)
+    with pytest.raises(ConfigError, match="'meta.within_task_loss' = 1.0 is not allowed: "
+                                          "expected 0 with meta.enabled: false"):
+        load_config("movielens", ["meta.within_task_loss=1", "meta.enabled=false"],
+                    tuned=False)
+    assert load_config("movielens", ["meta.within_task_loss=1"],
+                       tuned=False).meta.within_task_loss == 1.0
 
 
 def test_the_loader_builds_the_libraries_own_config_types():
