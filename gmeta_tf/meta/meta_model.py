@@ -34,8 +34,8 @@ class MetaModel(tf.keras.Model):
     3. outer loop: the mean query loss under the adapted weights (plus, with
        ``MetaConfig.plain_loss``, that weight times the unadapted loss on every row of the
        batch's tasks, and with ``MetaConfig.within_task_loss``, that weight times each
-       task's adapted query error centred on its mean), differentiated ONCE w.r.t. the dense slow weights, the learned
-       inner rates and the embedding's update trigger.
+       task's adapted query error centred on its mean), differentiated ONCE w.r.t. the
+       dense slow weights, the learned inner rates and the embedding's update trigger.
        The trigger's gradient sends the embedding row gradients back in ONE all-to-all and
        applies the fused sparse optimizer on their owners; the dense gradients are
        all-reduced (``distributed.allreduce_gradients``) and applied by the compiled Keras
