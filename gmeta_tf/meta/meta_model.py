@@ -181,20 +181,22 @@ class MetaModel(tf.keras.Model):
                                                      self.config.first_order,
                                                      self.rates_per_step, trajectory)
         support_loss = tf.reduce_mean(support_losses)
+        # The query rows' outputs under each step's fast weights (the last step's alone
+        # without the multi-step loss); the trajectory's last entry is ``adapted``.
+        outputs = [self.adapter.outputs(params, f, query) for f in (trajectory or [adapted])]
+        losses = tf.stack([tf.reduce_mean(self.head.masked_loss(query.labels, o, query.mask))
+                           for o in outputs])
         if trajectory is None:
-            query_loss = tf.reduce_mean(self.adapter.task_losses(params, adapted, query))
+            query_loss = losses[0]
         else:
-            losses = tf.stack([tf.reduce_mean(self.adapter.task_losses(params, f, query))
-                               for f in trajectory])
             query_loss = tf.reduce_sum(self.multi_step_weights() * losses)
         objective = query_loss
         if training and self.config.plain_loss:
             objective += self.config.plain_loss * self._plain_loss(params, fast, support, query,
                                                                    support_losses)
         if training and self.config.within_task_loss:
-            outputs = self.adapter.outputs(params, adapted, query)
             objective += self.config.within_task_loss * tf.reduce_mean(
-                self.head.within_task_loss(query.labels, outputs, query.mask))
+                self.head.within_task_loss(query.labels, outputs[-1], query.mask))
         if training and self.embedding_l2:
             objective += self.embedding_l2 * self._embedding_penalty(support, query)
         return query_loss, support_loss, params, adapted, objective
