@@ -183,7 +183,8 @@ class MetaModel(tf.keras.Model):
         support_loss = tf.reduce_mean(support_losses)
         # The query rows' outputs under each step's fast weights (the last step's alone
         # without the multi-step loss); the trajectory's last entry is ``adapted``.
-        outputs = [self.adapter.outputs(params, f, query) for f in (trajectory or [adapted])]
+        steps = [adapted] if trajectory is None else trajectory
+        outputs = [self.adapter.outputs(params, f, query) for f in steps]
         losses = tf.stack([tf.reduce_mean(self.head.masked_loss(query.labels, o, query.mask))
                            for o in outputs])
         if trajectory is None:
