@@ -313,7 +313,7 @@ won, against 5 of 9 at 8 trials. MAML's cold figures changed on seed 0 only (0.7
 0.7413 AUC), the baseline's on seeds 1 and 2 (AUC 0.7285 -> 0.7305, 0.7473 -> 0.7440).
 
 Usage: python -m benchmarks.cold_start [--quick] [--seeds 0,1,2] [--trials 8] [--work DIR]
-       [--jobs N] [--ratings-only [--ratings FILE] [--split-items N] [--users N]]
+       [--jobs N] [--np N] [--ratings-only [--ratings FILE] [--split-items N] [--users N]]
 The last stdout line is one JSON object.
 """
 
@@ -409,9 +409,11 @@ def _thinned_ratings(source: Path, work: Path, delimiter: str, header: bool,
 
 
 def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str,
-             raw: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
+             raw: Path | None = None, extra: tuple[str, ...] = (), ranks: int = 1) -> dict:
     """tune -> train -> eval of ``config`` at ``seed`` (and ``data.raw`` set to ``raw``;
-    ``extra``: more ``--set`` overrides, the same for every seed)."""
+    ``extra``: more ``--set`` overrides, the same for every seed; ``ranks``: the world
+    size of every tuning trial and of the training run, as ``gmeta tune --np`` and
+    ``gmeta train --np`` give it)."""
     run_dir = work / f"seed{seed}"
     overrides = [f"run_dir={run_dir}", f"data.path={work / f'data-seed{seed}'}",
                  f"export.dir={run_dir}/export", f"data.seed={seed}", f"model.seed={seed}",
@@ -424,10 +426,12 @@ def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str,
     sets = [a for o in overrides for a in ("--set", o)]
     timings = {}
     start = time.perf_counter()
-    _gmeta("tune", "--config", config, "--trials", str(trials), "--seed", str(seed), *sets)
+    np_ = ("--np", str(ranks)) if ranks > 1 else ()
+    _gmeta("tune", "--config", config, "--trials", str(trials), "--seed", str(seed), *np_,
+           *sets)
     timings["tune_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    _gmeta("train", "--config", config, "--fresh", *sets)
+    _gmeta("train", "--config", config, "--fresh", *np_, *sets)
     timings["train_s"] = time.perf_counter() - start
     _gmeta("eval", "--config", config, *sets)
     result = json.loads((run_dir / "eval" / "cold.json").read_text())
@@ -540,6 +544,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8, help="tuning trials per contender")
     parser.add_argument("--work", help="keep datasets and runs here (default: a temporary dir)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run at once (default 1)")
+    parser.add_argument("--np", dest="ranks", type=int, default=1,
+                        help="ranks of every tuning trial and training run (gmeta tune/train "
+                             "--np; default 1): the world size a user trains at")
     parser.add_argument("--ratings-only", action="store_true",
                         help="u.data alone through gmeta's csv source (item_id the only "
                              "feature), the pipeline otherwise as shipped")
@@ -561,6 +568,8 @@ def main() -> None:
                             ("--users", args.users is not None)):
             if given:
                 parser.error(f"{flag} reshapes the ratings-only run; add --ratings-only")
+    if args.ranks < 1:
+        parser.error(f"--np {args.ranks}: expected a number of ranks >= 1")
     if not ML100K.is_dir():
         raise SystemExit(f"MovieLens 100K not found at {ML100K}")
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
@@ -574,7 +583,7 @@ def main() -> None:
                        if args.ratings_only else ("movielens", ML100K))
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
             runs = list(pool.map(lambda s: run_seed(s, work, trials, args.quick, config, raw,
-                                                  tuple(args.sets)),
+                                                  tuple(args.sets), args.ranks),
                                  seeds))
     table = summarize(runs)
     print_table(table, seeds)
@@ -584,7 +593,7 @@ def main() -> None:
             for other, d in differences.items()}
     print(json.dumps({"benchmark": "cold_start",
                       "dataset": _dataset_name(args),
-                      "seeds": seeds,
+                      "seeds": seeds, "ranks": args.ranks,
                       "trials_per_contender": trials, "scored": "cold users, once per seed",
                       "table": table, "paired_meta_minus_other": differences,
                       "meta_better_on_every_seed_and_metric": wins, "runs": runs,
