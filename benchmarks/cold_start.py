@@ -426,12 +426,12 @@ def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str,
     sets = [a for o in overrides for a in ("--set", o)]
     timings = {}
     start = time.perf_counter()
-    np_ = ("--np", str(ranks)) if ranks > 1 else ()
-    _gmeta("tune", "--config", config, "--trials", str(trials), "--seed", str(seed), *np_,
+    ranks_flag = ("--np", str(ranks)) if ranks > 1 else ()  # one rank: no horovodrun
+    _gmeta("tune", "--config", config, "--trials", str(trials), "--seed", str(seed), *ranks_flag,
            *sets)
     timings["tune_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    _gmeta("train", "--config", config, "--fresh", *np_, *sets)
+    _gmeta("train", "--config", config, "--fresh", *ranks_flag, *sets)
     timings["train_s"] = time.perf_counter() - start
     _gmeta("eval", "--config", config, *sets)
     result = json.loads((run_dir / "eval" / "cold.json").read_text())
