@@ -714,9 +714,6 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("meta.within_task_loss", config.meta.within_task_loss,
                     "0 with meta.enabled: false (a plain model's row batches hold no "
                     "whole tasks)")
-    if config.meta.match_support_sizes and not config.meta.enabled:
-        raise _fail("meta.match_support_sizes", config.meta.match_support_sizes,
-                    "false with meta.enabled: false (a plain model has no support sets)")
     tower_sparse = tower_sparse_features(model)
     if model.prior is not None and model.prior.feature not in tower_sparse:
         raise _fail("model.prior.feature", model.prior.feature,

@@ -72,13 +72,6 @@ class MetaConfig:
             level: what a ranking of one user's items (nDCG) is scored on. Squared error
             is the user's level error squared plus this within-task error, so W > 0
             weighs the latter 1 + W times. A rating head only. 0: off.
-        match_support_sizes: In meta-training, cut each task's support set to a size
-            drawn from the validation tasks' support sizes (``MetaModel.support_sizes``,
-            set by the trainer), so the inner loop and its learned rates and strengths
-            adapt from as many rows as a new task brings, not from the full sets of the
-            long training tasks ("train as you test"). Pre-training, the baseline and
-            evaluation see every row. False: every training task adapts on all of its
-            support rows.
     """
 
     algorithm: Algorithm = "maml"
@@ -94,7 +87,6 @@ class MetaConfig:
     ridge_lr: float | None = config_fields.field(0.02, min_exclusive=0.0)
     plain_loss: float = config_fields.field(0.0, min=0.0)
     within_task_loss: float = config_fields.field(0.0, min=0.0)
-    match_support_sizes: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))

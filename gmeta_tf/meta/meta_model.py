@@ -12,7 +12,7 @@ from gmeta_tf import distributed
 from gmeta_tf.meta.meta_config import MetaConfig
 from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, resolve_fast_weights,
                                         ridge_size)
-from gmeta_tf.meta.task_batch import role_batches, thin_support
+from gmeta_tf.meta.task_batch import role_batches
 from gmeta_tf.models.embedding_inputs import embedding_penalty
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
@@ -81,11 +81,6 @@ class MetaModel(tf.keras.Model):
         # Outer-optimizer steps spent pre-training (the trainer sets it from
         # train.pretrain_steps): the multi-step loss anneals over meta steps only.
         self.pretrained_steps = 0
-        # MetaConfig.match_support_sizes: the support sizes meta-training draws from
-        # ([n] int32) and the seed of the draws' first half (the trainer sets both); None:
-        # every support row.
-        self.support_sizes: tf.Tensor | None = None
-        self.support_seed = 0
 
     def _create_ridge(self, scale: float) -> tf.Variable | None:
         """The learned ridge strengths (``MetaConfig.ridge``), one per weight of the output
@@ -170,18 +165,12 @@ class MetaModel(tf.keras.Model):
 
     def meta_loss(self, batch: TaskBatch, training: bool = True):
         """Query loss after adapting on the support sets (steps 1-3 of the class docstring).
-        In training with ``support_sizes`` set (``MetaConfig.match_support_sizes``), each
-        task's support set is first cut to a size drawn from them (``thin_support``).
 
         Returns:
             ``(query_loss, support_loss, slow_params, adapted_fast_weights, objective)``:
             the objective is what the outer loop differentiates, the query loss plus, in
             training with ``MetaConfig.plain_loss``, that weight times the plain loss.
         """
-        if training and self.support_sizes is not None:
-            step = 0 if self.optimizer is None else self.optimizer.iterations
-            seed = tf.stack([tf.constant(self.support_seed, tf.int64), tf.cast(step, tf.int64)])
-            batch = thin_support(batch, self.support_sizes, seed)
         support, query, num_pairs = role_batches(self.embedding, self.tower, self.head.label,
                                                  batch, training, self.config.adapt_embeddings)
         params = self.tower.params()

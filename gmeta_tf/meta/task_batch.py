@@ -35,27 +35,6 @@ class RoleBatch(NamedTuple):
     pairs: dict
 
 
-def thin_support(batch: Mapping[str, Mapping[str, tf.Tensor]], sizes: tf.Tensor,
-                 seed: tf.Tensor) -> dict:
-    """The batch with each task's support set cut to a size drawn from ``sizes``.
-
-    Each task draws one entry of ``sizes`` (``[n]`` int32, e.g. the support sizes of the
-    validation tasks) uniformly and keeps that many of its real support rows, chosen at
-    random (all of them when it has no more); padding stays padding and the query rows
-    are untouched. Deterministic in ``seed`` (``[2]`` int64, stateless random ops).
-    """
-    mask = batch["support"]["mask"]
-    count = tf.cast(tf.reduce_sum(mask, axis=1), tf.int32)
-    pick_seed, row_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    pick = tf.random.stateless_uniform(tf.shape(count), pick_seed, minval=0,
-                                       maxval=tf.size(sizes), dtype=tf.int32)
-    target = tf.minimum(tf.gather(sizes, pick), count)
-    keys = tf.where(mask > 0, tf.random.stateless_uniform(tf.shape(mask), row_seed), 2.0)
-    rank = tf.argsort(tf.argsort(keys, axis=1), axis=1)  # of each row among its task's
-    kept = tf.cast(rank < target[:, None], mask.dtype) * mask
-    return {**batch, "support": {**batch["support"], "mask": kept}}
-
-
 def _real_rows(mask: tf.Tensor) -> tf.Tensor:
     """Flat indices ``[n]`` of the real rows of a ``[T, N]`` mask."""
     return tf.where(tf.reshape(mask, [-1]) > 0)[:, 0]

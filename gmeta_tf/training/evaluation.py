@@ -62,15 +62,6 @@ def task_batches(config: PipelineConfig, split: str | None, equal_steps: bool,
     return dataset.tasks(per_batch, None, None, equal_steps=equal_steps)
 
 
-def support_sizes(config: PipelineConfig, split: str) -> np.ndarray:
-    """The number of support rows of every task of a split, on every rank (a collective:
-    call on every rank)."""
-    counts = [np.asarray(b["support"]["mask"]).sum(axis=1)
-              for b in task_batches(config, split, equal_steps=False)]
-    mine = np.concatenate(counts) if counts else np.zeros(0)
-    return distributed.allgather(mine[mine > 0].astype(np.int64)).astype(np.int32)
-
-
 def eval_batches(config: PipelineConfig, equal_steps: bool) -> tf.data.Dataset:
     """Task batches of the evaluation split (``eval.split``)."""
     return task_batches(config, config.eval.split, equal_steps)

@@ -64,7 +64,7 @@ from gmeta_tf.meta.task_adapter import initial_ridge
 from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.devices import configure_devices
-from gmeta_tf.training.evaluation import Validator, selection_metric, support_sizes
+from gmeta_tf.training.evaluation import Validator, selection_metric
 from gmeta_tf.training.model_builder import (Models, build_models, dense_slow_variables,
                                              set_configured_blend)
 from gmeta_tf.training.prior_fit import fit_prior
@@ -360,8 +360,6 @@ class Trainer:
                 variables += dense_slow_variables(models.baseline)
             distributed.broadcast_variables(variables)
         self._write_config()
-        if models.is_meta and config.meta.match_support_sizes:
-            self._match_support_sizes(models.model)
         batches = self._batches(start, models.is_meta)
         patience_from = t.pretrain_steps if models.is_meta else 0
         protocol = validation_protocol(t.validation_split, t.valid_resplits)
@@ -486,25 +484,6 @@ class Trainer:
                               hybrid, selection, stopped)
         tensorboard.close()
         return result
-
-    def _match_support_sizes(self, model) -> None:
-        """``meta.match_support_sizes``: meta-training draws each task's support size from
-        the validation tasks' (every rank the same sizes, its own draws)."""
-        split = self.config.train.validation_split
-        sizes = support_sizes(self.config, split)
-        if not len(sizes):
-            raise ConfigError(f"config key 'meta.match_support_sizes' = True is not allowed "
-                              f"here: the {split!r} split of {self.config.data.path} has no "
-                              f"tasks; expected a validation split (train.validation_split) "
-                              f"to draw support sizes from")
-        model.support_sizes = tf.constant(sizes, tf.int32)
-        model.support_seed = self.config.model.seed * 100_003 + self.rank
-        slots = self.config.data.support  # a training task's support slots (None: all)
-        fewer = (f", {round(100 * np.mean(sizes < slots))}% with fewer than its {slots} slots"
-                 if slots else "")
-        log.info("meta-training cuts each task's support set to a size drawn from the %d %s "
-                 "tasks' (median %d rows%s; meta.match_support_sizes)", len(sizes), split,
-                 int(np.median(sizes)), fewer)
 
     def _resting(self) -> frozenset:
         """The models that train no more: diverged, or out of patience."""

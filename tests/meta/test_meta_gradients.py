@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf.meta import MetaConfig
-from gmeta_tf.meta.task_batch import task_rows, thin_support
+from gmeta_tf.meta.task_batch import task_rows
 from gmeta_tf.models import CTRModel, MeLUTower, RatingHead
 from tests.meta import tiny
 
@@ -429,51 +429,3 @@ def test_the_baselines_within_task_loss_centres_each_tasks_rows():
     np.testing.assert_allclose(plain, np.mean(error ** 2), rtol=1e-5)
     np.testing.assert_allclose(loss - plain, weight * np.mean(centred ** 2), rtol=1e-4,
                                atol=1e-6)
-
-
-def test_thin_support_keeps_a_drawn_number_of_each_tasks_real_support_rows():
-    """``thin_support``: each task keeps min(drawn size, its real rows) of its own real
-    support rows, at random; padding and a task without rows stay as they are; the query
-    and every feature are untouched; the same seed draws the same rows."""
-    mask = np.zeros((4, 8), np.float32)
-    mask[0, :8], mask[1, :3], mask[2, 1:7] = 1.0, 1.0, 1.0
-    batch = {"support": {"mask": tf.constant(mask), "item_id": tf.range(32)},
-             "query": {"mask": tf.ones((4, 2))}}
-
-    def kept(sizes, seed=(3, 7)):
-        out = thin_support(batch, tf.constant(sizes, tf.int32), tf.constant(seed, tf.int64))
-        assert out["support"]["item_id"] is batch["support"]["item_id"]
-        assert out["query"] is batch["query"]
-        got = out["support"]["mask"].numpy()
-        assert set(np.unique(got)) <= {0.0, 1.0} and (got <= mask).all()
-        return got
-
-    np.testing.assert_array_equal(kept([2]).sum(1), [2, 2, 2, 0])
-    np.testing.assert_array_equal(kept([5]).sum(1), [5, 3, 5, 0])
-    np.testing.assert_array_equal(kept([100]), mask)
-    counts = kept([1, 7]).sum(1)
-    assert counts[0] in (1, 7) and counts[1] in (1, 3) and counts[2] in (1, 6)
-    np.testing.assert_array_equal(kept([4]), kept([4]))
-    draws = {kept([4], (3, s)).tobytes() for s in range(8)}
-    assert len(draws) > 1
-
-
-def test_match_support_sizes_adapts_on_the_cut_support_in_training_only():
-    """With ``support_sizes`` set (``MetaConfig.match_support_sizes``), the training meta
-    loss is the loss of the batch whose support sets ``thin_support`` cut, seeded by
-    ``support_seed`` and the outer step; evaluation adapts on every support row."""
-    batch = tiny.tasks(3, support=8, seed=23)
-    model = tiny.model(MetaConfig("maml", inner_steps=STEPS, inner_lr=LR))
-    tiny.insert_ids(model, batch)
-    sizes = tf.constant([2, 3], tf.int32)
-    cut = thin_support(batch, sizes, tf.constant([5, 0], tf.int64))
-    assert cut["support"]["mask"].numpy().sum() < batch["support"]["mask"].sum()
-    whole_train, *_ = model.meta_loss(batch)
-    whole_eval, *_ = model.meta_loss(batch, training=False)
-    cut_train, *_ = model.meta_loss(cut)
-    model.support_sizes, model.support_seed = sizes, 5
-    got_train, *_ = model.meta_loss(batch)
-    got_eval, *_ = model.meta_loss(batch, training=False)
-    np.testing.assert_allclose(got_train.numpy(), cut_train.numpy(), rtol=1e-6)
-    np.testing.assert_allclose(got_eval.numpy(), whole_eval.numpy(), rtol=1e-6)
-    assert abs(float(got_train) - float(whole_train)) > 1e-6

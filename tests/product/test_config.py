@@ -139,12 +139,6 @@ def test_maml_plus_plus_options_reach_the_meta_config():
                     tuned=False)
     assert load_config("movielens", ["meta.within_task_loss=1"],
                        tuned=False).meta.within_task_loss == 1.0
-    with pytest.raises(ConfigError, match="'meta.match_support_sizes' = True is not "
-                                          "allowed: expected false with meta.enabled: false"):
-        load_config("movielens", ["meta.match_support_sizes=true", "meta.enabled=false"],
-                    tuned=False)
-    assert load_config("movielens", ["meta.match_support_sizes=true"],
-                       tuned=False).meta.match_support_sizes is True
 
 
 def test_the_loader_builds_the_libraries_own_config_types():

@@ -8,7 +8,6 @@ import logging
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -245,35 +244,6 @@ def test_the_baselines_tables_train_at_their_own_rate(tiny_data, tmp_path):
     assert slow_rates["baseline"] == {t: 0.001 for t in own}
     assert [h["model"] for h in fast] == pytest.approx([h["model"] for h in slow], rel=1e-6)
     assert [h["baseline"] for h in fast] != [h["baseline"] for h in slow]
-
-
-def test_match_support_sizes_cuts_the_meta_models_support_sets_alone(tiny_data, tmp_path,
-                                                                     caplog):
-    """``meta.match_support_sizes``: meta-training draws each task's support size from the
-    validation tasks' (the log says how many and their median), so the meta model's
-    validation history changes while the baseline's, trained on the same batches, does
-    not; gmeta eval then adapts on every support row."""
-    from gmeta_tf.training.evaluation import support_sizes
-
-    def run(match: bool):
-        overrides = tiny_overrides(tmp_path / f"match{match}", tiny_data, steps=8) + [
-            "train.checkpoint_every=0", f"meta.match_support_sizes={str(match).lower()}"]
-        config = load_config("default", overrides)
-        with caplog.at_level(logging.INFO, logger="gmeta_tf.training.trainer"):
-            Trainer(config, fresh=True).run()
-        saved = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())
-        return config, saved["history"]
-
-    _, whole = run(False)
-    caplog.clear()
-    config, matched = run(True)
-    sizes = support_sizes(config, "valid")
-    assert len(sizes) > 0 and sizes.min() < config.data.support
-    assert (f"cuts each task's support set to a size drawn from the {len(sizes)} valid "
-            f"tasks' (median {int(np.median(sizes))} rows" in caplog.text)
-    assert [h["baseline"] for h in matched] == pytest.approx([h["baseline"] for h in whole],
-                                                              rel=1e-6)
-    assert [h["model"] for h in matched] != [h["model"] for h in whole]
 
 
 def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
