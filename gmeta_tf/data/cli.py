@@ -96,7 +96,8 @@ def _add_csv(csv: argparse.ArgumentParser) -> None:
                                "override it)")
     m.add_argument("--mapping", help="YAML mapping file: every key of the flags below, plus "
                                      "join (side files) and header/columns")
-    m.add_argument("--task", help="column whose value is the task (user, ad, site, ...)")
+    m.add_argument("--task", help="column whose value is the task (user, ad, site, ...); "
+                                  "none: every row is its own task")
     m.add_argument("--label", help="label column (a number)")
     m.add_argument("--label-threshold", type=float,
                    help="label = 1 if value >= this else 0 (the raw value is kept as a second "
@@ -176,8 +177,9 @@ def _mapping(args: argparse.Namespace) -> CsvMapping:
     d.update({k: v for k, v in flags.items() if v is not None})
     if args.columns:
         d["header"] = False
-    if "task" not in d or "label" not in d:
-        raise DataError("csv needs --task and --label (or a --mapping file with them)")
+    if "label" not in d:
+        raise DataError("csv needs --label (or a --mapping file with it); --task too unless "
+                        "every row is its own task (a plain CTR model's rows)")
     return CsvMapping.from_dict(d)
 
 

@@ -31,6 +31,9 @@ import pyarrow as pa
 from gmeta_tf.data.errors import DataError
 
 TASK_COLUMN = "task_id"
+#: Where a source has no task column every row is its own task, numbered
+#: ``file index << ROW_TASK_BITS | row`` so that the rows of several input files never share one.
+ROW_TASK_BITS = 40
 QUERY_COLUMN = "is_query"
 PAD_ID = -1
 _RESERVED = {TASK_COLUMN, QUERY_COLUMN, "mask"}

@@ -38,14 +38,30 @@ def _split(config: PipelineConfig) -> meta_io.SplitConfig:
 
 
 def csv_mapping(config: PipelineConfig) -> meta_io.CsvMapping:
-    """The checked ``data.mapping`` of a ``csv`` pipeline."""
+    """The checked ``data.mapping`` of a ``csv`` pipeline. A mapping without a ``task``
+    (every row its own task) serves only a plain CTR model, with one-row tasks kept."""
     mapping = config.data.mapping
     try:
         if isinstance(mapping, str):
-            return meta_io.CsvMapping.from_yaml(mapping)
-        return meta_io.CsvMapping.from_dict(dict(mapping))
+            mapping = meta_io.CsvMapping.from_yaml(mapping)
+        else:
+            mapping = meta_io.CsvMapping.from_dict(dict(mapping))
     except DataError as err:
         raise ConfigError(f"config key 'data.mapping' is not allowed: {err}") from err
+    if mapping.task is None:
+        if config.meta.enabled:
+            raise ConfigError("config key 'data.mapping.task' is missing: a meta model adapts "
+                              "to each task on its support rows, so the mapping needs the "
+                              "column whose value is the task (a user, an ad, a site); only a "
+                              "plain CTR model (meta.enabled: false) reads rows without one")
+        split = _split(config)
+        if split.query_size or split.min_rows > 1:
+            raise ConfigError(f"config key 'data.split' is not allowed: query_size "
+                              f"{split.query_size} and min_rows {split.min_rows} with no "
+                              f"data.mapping.task; expected query_size: 0 and min_rows: 1, as "
+                              f"every row is its own task of one row (a plain CTR model's "
+                              f"rows)")
+    return mapping
 
 
 def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: int) -> str | None:
@@ -141,7 +157,34 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False,
                           f"{_tasks_per_split(manifest)} tasks per split); expected splits "
                           f"with a task per rank at least: a larger valid_fraction or "
                           f"1 - warm_fraction, or fewer ranks")
+    _warn_lopsided_validation(manifest, _split(config))
     return manifest
+
+
+def _rows_per_split(manifest: meta_io.Manifest) -> dict[str, int]:
+    rows: dict[str, int] = {}
+    for f in manifest.files:
+        rows[f.split] = rows.get(f.split, 0) + f.rows
+    return rows
+
+
+def _warn_lopsided_validation(manifest: meta_io.Manifest, split: meta_io.SplitConfig) -> None:
+    """Warns when the validation split's share of the rows trained on or validated is
+    more than twice, or under half, ``valid_fraction``: it draws tasks, and tasks of very
+    unequal sizes (a site with half the impressions) make a split that neither trains nor
+    validates like the data it was meant to."""
+    rows = _rows_per_split(manifest)
+    held, trained = rows.get("valid", 0), rows.get("warm", 0)
+    if not split.valid_fraction or held + trained == 0:
+        return
+    share = held / (held + trained)
+    if split.valid_fraction / 2 <= share <= 2 * split.valid_fraction:
+        return
+    log.warning("the validation split holds %.0f%% of the warm rows (%d of %d) for "
+                "data.split.valid_fraction %g of the tasks: the tasks are of very unequal "
+                "sizes. A plain CTR model's rows need no task: leave data.mapping.task out "
+                "(every row is then its own task) so that validation is a fraction of the "
+                "rows", 100 * share, held, held + trained, split.valid_fraction)
 
 
 def _tasks_per_split(manifest: meta_io.Manifest) -> dict[str, int]:

@@ -155,3 +155,37 @@ def test_csv_help_describes_every_flag(capsys):
         if action.option_strings and action.dest != "help":
             assert action.help, f"{action.option_strings} has no help"
             assert action.option_strings[0] in text
+
+
+def test_without_a_task_column_every_row_is_its_own_task(tmp_path):
+    # two input files with the same line numbers: their rows still get distinct tasks
+    first = ratings(tmp_path / "a.csv", GOOD[:20])
+    second = ratings(tmp_path / "b.csv", GOOD[20:40])
+    mapping = {"label": "rating", "label_range": [1, 5], "sparse": ["user_id", "item_id"]}
+    split = data.SplitConfig(warm_fraction=1.0, valid_fraction=0.25, query_size=0,
+                             min_rows=1)
+    m = data.convert_csv([str(first), str(second)], str(tmp_path / "out"), mapping,
+                         split=split)
+    assert m.split["source"]["mapping"]["task"] is None
+    tables = [pq.read_table(tmp_path / "out" / f.path) for f in m.files]
+    tasks = np.concatenate([t.column("task_id").to_numpy() for t in tables])
+    assert len(tasks) == 40 and len(np.unique(tasks)) == 40
+    # a task id is the file's index and the row's line: line 2 (the first row) of each file
+    assert {int(t) for t in tasks if t & ((1 << 40) - 1) == 2} == {2, (1 << 40) + 2}
+    per_split = {f.split: f.rows for f in m.files}
+    assert per_split == {"warm": m.split["warm_tasks"], "valid": m.split["valid_tasks"]}
+    assert 4 <= per_split["valid"] <= 16  # a quarter of the rows, not of some column's values
+
+
+def test_a_mapping_needs_a_label_but_not_a_task(tmp_path, capsys):
+    with pytest.raises(data.DataError, match="mapping key 'label' is missing"):
+        data.CsvMapping.from_dict({"task": "user_id", "sparse": ["item_id"]})
+    assert data.CsvMapping.from_dict({"label": "rating"}).task is None
+    with pytest.raises(data.DataError, match="mapping key 'task' is not allowed.*got ''"):
+        data.CsvMapping.from_dict({"task": "", "label": "rating"})
+    src = ratings(tmp_path / "r.csv", GOOD)
+    assert cli.main(["csv", str(src), str(tmp_path / "out"), "--sparse", "item_id"]) == 2
+    assert "csv needs --label" in capsys.readouterr().err
+    assert cli.main(["csv", str(src), str(tmp_path / "out"), "--label", "rating",
+                     "--query-size", "0", "--min-rows", "1"]) == 0
+    assert rows_of(tmp_path / "out") == len(GOOD)

@@ -231,6 +231,7 @@ def test_plain_ctr_trains_on_every_warm_row_and_scores_every_test_row(clicks_run
     work, rows, test_rows, manifest, shares, epoch, config, _ = clicks_run
     splits = {s: sum(f.rows for f in manifest.files_of(s)) for s in ("warm", "valid")}
     assert splits["warm"] + splits["valid"] == rows  # nothing dropped, no cold split
+    assert 0.07 * rows <= splits["valid"] <= 0.13 * rows  # a tenth of the rows: no task
     assert sum(shares) == splits["warm"] and min(shares) > 0
     summary = json.loads(Path(work, "runs/my_clicks/train_summary.json").read_text())
     assert summary["world_size"] == 2

@@ -208,3 +208,44 @@ def test_a_csv_pipeline_needs_its_mapping_and_names_a_bad_mapping_key(tmp_path):
     with pytest.raises(ConfigError, match=r"config key 'data.mapping' is not allowed: unknown "
                                           r"mapping keys \['sparce'\]"):
         csv_mapping(config)
+
+
+def test_a_click_log_without_a_task_validates_on_a_fraction_of_its_rows(tmp_path, caplog):
+    # one site with 300 of the 400 impressions: a split that draws sites is lopsided
+    rows = ["site,app,click"] + [f"s{0 if i < 300 else i % 50},a{i % 7},{int(i % 5 == 0)}"
+                                 for i in range(400)]
+    (tmp_path / "clicks.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "p.yaml").write_text(
+        "model:\n  tables: {t: {features: [site, app]}}\n  head: {kind: binary}\n"
+        "meta:\n  enabled: false\n")
+    rows_split = "data.split={warm_fraction: 1.0, valid_fraction: 0.1, query_size: 0, min_rows: 1}"
+
+    def pipeline(mapping, *more):
+        return load_config(str(tmp_path / "p.yaml"), [
+            "data.source=csv", f"data.raw={tmp_path / 'clicks.csv'}",
+            f"data.path={tmp_path / 'data'}", f"data.mapping={mapping}", *more])
+
+    caplog.set_level(logging.WARNING)
+    by_site = prepare_dataset(pipeline({"task": "site", "label": "click",
+                                        "sparse": ["site", "app"]}, rows_split))
+    valid = sum(f.rows for f in by_site.files_of("valid"))
+    assert valid > 80 or valid < 20  # the big site is in it, or it holds a few rows
+    assert "the validation split holds" in caplog.text
+    assert "leave data.mapping.task out" in caplog.text
+
+    caplog.clear()
+    no_task = {"label": "click", "sparse": ["site", "app"]}
+    by_row = prepare_dataset(pipeline(no_task, rows_split), overwrite=True)
+    assert {s: sum(f.rows for f in by_row.files_of(s)) for s in ("warm", "valid")} == {
+        "warm": by_row.split["warm_tasks"], "valid": by_row.split["valid_tasks"]}
+    assert 20 <= by_row.split["valid_tasks"] <= 60  # about a tenth of the 400 rows
+    assert "the validation split holds" not in caplog.text
+
+    with pytest.raises(ConfigError, match=r"'data.split' is not allowed: query_size 10 and "
+                                          r"min_rows 13 with no data.mapping.task; expected "
+                                          r"query_size: 0 and min_rows: 1"):
+        prepare_dataset(pipeline(no_task), overwrite=True)
+    with pytest.raises(ConfigError, match=r"'data.mapping.task' is missing: a meta model "
+                                          r"adapts to each task"):
+        prepare_dataset(pipeline(no_task, rows_split, "meta.enabled=true"), overwrite=True)
+    assert meta_io.Manifest.load(str(tmp_path / "data")).files == by_row.files  # kept

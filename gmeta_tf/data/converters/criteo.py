@@ -22,7 +22,7 @@ from gmeta_tf.data.converters.pipeline import (OutputConfig, RawBatch, columns_t
                                                record_batches)
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
-from gmeta_tf.data.schema import TASK_COLUMN, Feature, FeatureKind, Schema
+from gmeta_tf.data.schema import ROW_TASK_BITS, TASK_COLUMN, Feature, FeatureKind, Schema
 from gmeta_tf.data.split import SplitConfig
 
 INT_COLUMNS = [f"I{i}" for i in range(1, 14)]
@@ -54,8 +54,6 @@ def bucketize(x: np.ndarray) -> np.ndarray:
     return ids
 
 
-#: With no task column every row is its own task: file index << ROW_TASK_BITS | row index.
-ROW_TASK_BITS = 40
 
 
 def _parse(batch: pa.RecordBatch, int_mode: str, task_column: str | None,

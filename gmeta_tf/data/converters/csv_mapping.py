@@ -2,7 +2,8 @@
 
 A new dataset needs a mapping, not code. Every key (README, "Your own data")::
 
-    task: user_id              # the task column: its value is the task (user, ad, site)
+    task: user_id              # the task column: its value is the task (user, ad, site);
+                               # absent: every row is its own task (a plain CTR model's rows)
     label: rating              # the label column (a number)
     label_threshold: 4         # optional: label = 1 if rating >= 4 else 0 (raw kept as 'rating')
     label_range: [1, 5]        # optional: valid raw label values; others are bad rows
@@ -22,7 +23,10 @@ A new dataset needs a mapping, not code. Every key (README, "Your own data")::
 Sparse and multi-hot values become ids as described in ``gmeta_tf.data.hashing``. Every
 row keeps its line number until it is written, so a bad value is reported by line and
 column name; with ``bad_rows: skip`` malformed lines, unparseable numbers, empty task
-values and bad labels are dropped and counted in the manifest.
+values and bad labels are dropped and counted in the manifest. Without a ``task`` column
+every row is its own task (``ROW_TASK_BITS``: the file's index and the row's line), so a
+plain CTR model's validation split is a seeded fraction of the rows, not of the values
+of some column, whose tasks can be of very unequal sizes.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from gmeta_tf.data.converters.csv_lines import CsvCounts, numbers, text_batches,
 from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
-from gmeta_tf.data.schema import TASK_COLUMN, Feature, FeatureKind, Schema
+from gmeta_tf.data.schema import ROW_TASK_BITS, TASK_COLUMN, Feature, FeatureKind, Schema
 from gmeta_tf.data.split import ORDER_COLUMN, SplitConfig
 
 log = logging.getLogger(__name__)
@@ -54,8 +58,8 @@ LABEL = "label"
 class CsvMapping:
     """Which CSV column plays which role. One type for YAML, CLI and Python."""
 
-    task: str
     label: str
+    task: str | None = None
     label_threshold: float | None = None
     label_range: tuple[float, float] | None = None
     sparse: list[str] = dataclasses.field(default_factory=list)
@@ -70,6 +74,8 @@ class CsvMapping:
 
     def __post_init__(self) -> None:
         for name in ("task", "label", "separator", "delimiter"):
+            if name == "task" and self.task is None:
+                continue
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise DataError(f"mapping key {name!r} is not allowed", value=getattr(self, name),
                                 expected="a non-empty string")
@@ -107,9 +113,8 @@ class CsvMapping:
         unknown = sorted(set(d) - known)
         if unknown:
             raise DataError(f"unknown mapping keys {unknown}", expected=f"keys among {sorted(known)}")
-        for name in ("task", "label"):
-            if name not in d:
-                raise DataError(f"mapping key {name!r} is missing", expected="a column name")
+        if "label" not in d:
+            raise DataError("mapping key 'label' is missing", expected="a column name")
         d = dict(d)
         if isinstance(d.get("multi_hot"), list):  # ["genres:6", ...] from the command line
             d["multi_hot"] = dict(_name_width(s) for s in d["multi_hot"])
@@ -166,7 +171,8 @@ class CsvMapping:
 
     def input_columns(self, joined: set[str] = frozenset()) -> list[str]:
         """Columns read from the main file (joined ones come from side files)."""
-        cols = [self.task, self.label, *self.sparse, *self.multi_hot, *self.dense]
+        cols = [*([self.task] if self.task else []), self.label, *self.sparse,
+                *self.multi_hot, *self.dense]
         if self.order_by:
             cols.append(self.order_by)
         cols = [c for c in cols if c not in joined]
@@ -195,7 +201,8 @@ class _RowParser:
                  counts: CsvCounts) -> None:
         self.mapping, self.sides, self.policy, self.counts = mapping, sides, policy, counts
 
-    def parse(self, batch: pa.RecordBatch, lines: np.ndarray, path: str) -> RawBatch:
+    def parse(self, batch: pa.RecordBatch, lines: np.ndarray, path: str,
+              file_index: int) -> RawBatch:
         m = self.mapping
         text = {name: batch.column(name) for name in batch.schema.names}
         for side in self.sides:
@@ -207,15 +214,17 @@ class _RowParser:
         if m.order_by:
             values[ORDER_COLUMN], bad = timestamps(text[m.order_by])
             problems.append((bad, m.order_by, "not a number or an ISO date-time"))
-        empty_task = pc.equal(pc.utf8_trim_whitespace(text[m.task]), "").to_numpy(
-            zero_copy_only=False)
-        problems.append((empty_task, m.task, "empty task value"))
+        if m.task:
+            empty_task = pc.equal(pc.utf8_trim_whitespace(text[m.task]), "").to_numpy(
+                zero_copy_only=False)
+            problems.append((empty_task, m.task, "empty task value"))
         keep = self._keep(problems, text, lines, path)
         if keep is not None:
             text = {k: v.filter(pa.array(keep)) for k, v in text.items()}
             values = {k: v[keep] for k, v in values.items()}
             lines = lines[keep]
-        return RawBatch(columns_to_batch(self._columns(text, values)), path, 0, lines)
+        return RawBatch(columns_to_batch(self._columns(text, values, lines, file_index)),
+                        path, 0, lines)
 
     def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str) -> np.ndarray | None:
         """None when every row is good; otherwise the rows to keep (policy "skip")."""
@@ -232,10 +241,12 @@ class _RowParser:
         self.counts.rows_skipped_bad_value += int(bad.sum())
         return ~bad
 
-    def _columns(self, text: dict, values: dict) -> dict[str, np.ndarray]:
+    def _columns(self, text: dict, values: dict, lines: np.ndarray,
+                 file_index: int) -> dict[str, np.ndarray]:
         m = self.mapping
-        cols: dict[str, np.ndarray] = {TASK_COLUMN: hashing.to_ids(pc.utf8_trim_whitespace(
-            text[m.task]), m.task)}
+        tasks = (hashing.to_ids(pc.utf8_trim_whitespace(text[m.task]), m.task) if m.task
+                 else (np.int64(file_index) << ROW_TASK_BITS) + lines.astype(np.int64))
+        cols: dict[str, np.ndarray] = {TASK_COLUMN: tasks}
         for c in m.sparse:
             cols[c] = hashing.to_ids(pc.utf8_trim_whitespace(text[c]), c)
         for c, width in m.multi_hot.items():
@@ -261,11 +272,11 @@ def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], 
                  counts: CsvCounts, block_bytes: int) -> Iterator[RawBatch]:
     parser = _RowParser(mapping, sides, policy, counts)
     columns = mapping.input_columns(mapping.joined_columns(sides))
-    for path in paths:
+    for index, path in enumerate(paths):
         for batch, lines in text_batches(path, columns, delimiter=mapping.delimiter,
                                          header=mapping.header, names=mapping.columns,
                                          policy=policy, counts=counts, block_bytes=block_bytes):
-            yield parser.parse(batch, lines, path)
+            yield parser.parse(batch, lines, path, index)
 
 
 def _side_tables(mapping: CsvMapping) -> list[SideTable]:
