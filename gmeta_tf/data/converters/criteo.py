@@ -54,8 +54,6 @@ def bucketize(x: np.ndarray) -> np.ndarray:
     return ids
 
 
-
-
 def _parse(batch: pa.RecordBatch, int_mode: str, task_column: str | None,
            first_task: int = 0) -> dict[str, np.ndarray]:
     cols: dict[str, np.ndarray] = {}
