@@ -211,14 +211,10 @@ def _info(args: argparse.Namespace) -> Manifest:
 
 def summary(manifest: Manifest) -> dict:
     """Counts per split, for ``info`` and for the line printed after a conversion."""
-    out: dict = {"file_format": manifest.file_format, "features": manifest.schema.to_list(),
-                 "split": manifest.split, "splits": {}}
-    for f in manifest.files:
-        s = out["splits"].setdefault(f.split, {"files": 0, "rows": 0, "tasks": 0})
-        s["files"] += 1
-        s["rows"] += f.rows
-        s["tasks"] += f.tasks
-    return out
+    splits = {split: {k: c[k] for k in ("files", "rows", "tasks")}
+              for split, c in manifest.per_split().items()}
+    return {"file_format": manifest.file_format, "features": manifest.schema.to_list(),
+            "split": manifest.split, "splits": splits}
 
 
 def main(argv: list[str] | None = None) -> int:

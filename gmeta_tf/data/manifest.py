@@ -97,6 +97,17 @@ class Manifest:
             raise DataError(f"no split {split!r} in dataset", expected=f"one of {known}")
         return [f for f in self.files if split is None or f.split == split]
 
+    def per_split(self) -> dict[str, dict[str, int]]:
+        """Per split, in file order: its ``files``, ``rows``, ``tasks`` and ``blocks``."""
+        counts: dict[str, dict[str, int]] = {}
+        for f in self.files:
+            c = counts.setdefault(f.split, {"files": 0, "rows": 0, "tasks": 0, "blocks": 0})
+            c["files"] += 1
+            c["rows"] += f.rows
+            c["tasks"] += f.tasks
+            c["blocks"] += len(f.blocks)
+        return counts
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,

@@ -105,9 +105,7 @@ def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: in
 
 
 def _too_few_blocks(manifest: meta_io.Manifest, world_size: int) -> str | None:
-    blocks: dict[str, int] = {}
-    for f in manifest.files:
-        blocks[f.split] = blocks.get(f.split, 0) + len(f.blocks)
+    blocks = {split: c["blocks"] for split, c in manifest.per_split().items()}
     for split, n in sorted(blocks.items()):
         if n < world_size:
             return f"has {n} blocks in split {split!r}, fewer than the {world_size} ranks"
@@ -157,24 +155,21 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False,
                           f"{_tasks_per_split(manifest)} tasks per split); expected splits "
                           f"with a task per rank at least: a larger valid_fraction or "
                           f"1 - warm_fraction, or fewer ranks")
-    _warn_lopsided_validation(manifest, _split(config))
+    if not config.meta.enabled:
+        _warn_lopsided_validation(manifest, _split(config))
     return manifest
 
 
-def _rows_per_split(manifest: meta_io.Manifest) -> dict[str, int]:
-    rows: dict[str, int] = {}
-    for f in manifest.files:
-        rows[f.split] = rows.get(f.split, 0) + f.rows
-    return rows
-
-
 def _warn_lopsided_validation(manifest: meta_io.Manifest, split: meta_io.SplitConfig) -> None:
-    """Warns when the validation split's share of the rows trained on or validated is
-    more than twice, or under half, ``valid_fraction``: it draws tasks, and tasks of very
-    unequal sizes (a site with half the impressions) make a split that neither trains nor
-    validates like the data it was meant to."""
-    rows = _rows_per_split(manifest)
-    held, trained = rows.get("valid", 0), rows.get("warm", 0)
+    """For a plain CTR model, which validates on every row of its validation split: warns
+    when that split's share of the rows trained on or validated is more than twice, or
+    under half, ``valid_fraction``. The split draws tasks, and tasks of very unequal sizes
+    (a site with half the impressions) make a split that neither trains nor validates like
+    the data it was meant to. (A meta model's share is meant to differ: its scored tasks
+    are cut at ``max_rows`` while long warm tasks train whole.)"""
+    counts = manifest.per_split()
+    held = counts.get("valid", {}).get("rows", 0)
+    trained = counts.get("warm", {}).get("rows", 0)
     if not split.valid_fraction or held + trained == 0:
         return
     share = held / (held + trained)
@@ -188,10 +183,7 @@ def _warn_lopsided_validation(manifest: meta_io.Manifest, split: meta_io.SplitCo
 
 
 def _tasks_per_split(manifest: meta_io.Manifest) -> dict[str, int]:
-    tasks: dict[str, int] = {}
-    for f in manifest.files:
-        tasks[f.split] = tasks.get(f.split, 0) + f.tasks
-    return tasks
+    return {split: c["tasks"] for split, c in manifest.per_split().items()}
 
 
 def _make(config: PipelineConfig, world_size: int) -> meta_io.Manifest:

@@ -173,6 +173,11 @@ def test_a_dataset_split_before_long_validation_tasks_were_trained_on_is_made_ag
         caplog.text)
     assert again.split["long_tasks_moved_to_warm"] == moved
     assert prepare_dataset(config).files == again.files  # and then used as it is
+    # a meta model's validation share of rows is meant to differ from valid_fraction (its
+    # scored tasks are cut at max_rows, long warm tasks train whole): no warning for it
+    rows = {s: c["rows"] for s, c in again.per_split().items()}
+    assert rows["valid"] / (rows["valid"] + rows["warm"]) < 0.3 / 2
+    assert "the validation split holds" not in caplog.text
 
 
 def test_a_dataset_source_refuses_a_config_it_does_not_fit(tmp_path):
