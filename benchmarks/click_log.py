@@ -1,0 +1,228 @@
+"""The README's click-log example against the logistic regression, on two click logs built
+from ``../shared``, through the product path a user runs: ``gmeta tune`` -> ``gmeta train``
+-> ``gmeta eval``.
+
+    python -m benchmarks.click_log [--logs criteo-categorical,movielens-clicks]
+        [--seeds 0,1,2] [--trials 8] [--model-seeds 0,1,2,3,4] [--jobs 2] [--work DIR]
+
+Click logs (CSV with a header line, a training file and two files to score):
+
+- ``criteo-categorical``: the Criteo sample's label and its 26 categorical columns alone
+  (no integer columns), its own train / dev / test files (7,200 / 409 / 391 rows).
+- ``movielens-clicks``: 8,000 MovieLens 100K ratings drawn at random (seed 7), each with
+  its user's age, gender, occupation and zip code and its item's first genre and release
+  year; ``click`` = a rating of 5 (21% of the rows); 7,200 / 400 / 400 rows in the order
+  drawn (a random split, as the Criteo sample's). A log whose strongest columns are ids
+  (user, zip) where the Criteo columns are weak one by one.
+
+For each split seed S: the README's ``my_clicks.yaml`` (no task: a seeded tenth of the
+rows validates) with the log's columns in its one table and ``data.seed`` S; ``gmeta tune
+--trials N``; ``gmeta train --fresh``; ``gmeta eval --validation``, which scores the
+validation rows and both files with the DLRM's best checkpoint and the reference
+predictors, the logistic regression among them (fitted on the same training rows, its L2
+and epochs chosen on the validation rows). With ``--model-seeds``, each further model seed
+M trains again with the tuned settings (``model.seed`` and ``train.shuffle_seed`` M, in
+its own run directory) and is scored the same way: how far initial weights and batch
+order move the gap on files of about 400 rows.
+
+Reported: per log, split seed and model seed, the DLRM's AUC minus the logistic
+regression's on the validation rows and on each file; per log and file the mean gap and
+how many runs are at least level. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+LR = "reference: logistic regression"
+FILES = ("valid", "dev", "test")
+
+
+def _gmeta(log: Path, *args: str) -> None:
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    with log.open("a") as out:
+        subprocess.run([sys.executable, "-m", "gmeta_tf.cli", *args], cwd=log.parent,
+                       env=env, check=True, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _write(path: Path, header: list[str], rows) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def criteo_categorical(work: Path) -> list[str]:
+    """``clicks_{train,dev,test}.csv`` of the Criteo sample's categorical columns."""
+    features = [f"C{i}" for i in range(1, 27)]
+    for name in ("train", "dev", "test"):
+        with (SHARED / "criteo" / f"{name}.tsv").open() as f:
+            lines = [line.rstrip("\n").split("\t") for line in f]
+        _write(work / f"clicks_{name}.csv", ["row", *features, "click"],
+               ([i, *line[14:40], line[0]] for i, line in enumerate(lines)))
+    return features
+
+
+def movielens_clicks(work: Path) -> list[str]:
+    """``clicks_{train,dev,test}.csv`` of 8,000 MovieLens 100K ratings (see the module)."""
+    ml = SHARED / "ml-100k"
+    users = {}
+    for line in (ml / "u.user").read_text(encoding="latin-1").splitlines():
+        user, age, gender, occupation, zip_code = line.split("|")
+        users[user] = (age, gender, occupation, zip_code)
+    items = {}
+    for line in (ml / "u.item").read_text(encoding="latin-1").splitlines():
+        f = line.split("|")
+        genres = [str(i) for i, flag in enumerate(f[5:]) if flag == "1"]
+        items[f[0]] = (genres[0] if genres else "none", f[2][-4:] if f[2] else "unknown")
+    ratings = [line.split() for line in (ml / "u.data").read_text().splitlines()]
+    drawn = random.Random(7).sample(ratings, 8000)
+    features = ["user_id", "item_id", "age", "gender", "occupation", "zip", "genre", "year"]
+    for name, part in (("train", drawn[:7200]), ("dev", drawn[7200:7600]),
+                       ("test", drawn[7600:])):
+        _write(work / f"clicks_{name}.csv", ["ts", *features, "click"],
+               ([ts, user, item, *users[user], *items[item], int(rating == "5")]
+                for user, item, rating, ts in part))
+    return features
+
+
+LOGS = {"criteo-categorical": criteo_categorical, "movielens-clicks": movielens_clicks}
+
+
+def readme_config(features: list[str], run_dir: str) -> dict:
+    """The README's ``my_clicks.yaml`` with ``features`` in its one table."""
+    return {
+        "name": "my_clicks", "run_dir": run_dir,
+        "data": {"source": "csv", "raw": "clicks_train.csv", "path": f"{run_dir}/data",
+                 "mapping": {"label": "click", "label_range": [0, 1], "sparse": features},
+                 "bad_rows": "skip",
+                 "split": {"warm_fraction": 1.0, "valid_fraction": 0.1, "query_size": 0,
+                           "min_rows": 1},
+                 "batch_size": 256},
+        "model": {"tower": "dlrm", "embedding_dim": 8,
+                  "tables": {"categorical": {"features": features, "learning_rate": 0.05}},
+                  "bottom_units": [16], "top_units": [32],
+                  "head": {"kind": "binary", "label": "label"}},
+        "meta": {"enabled": False},
+        "train": {"steps": 300, "log_every": 50, "eval_every": 50, "patience": 3,
+                  "checkpoint_every": 100, "baseline": False},
+        "eval": {"split": None, "data": ["clicks_dev.csv", "clicks_test.csv"]},
+        "export": {"dir": f"{run_dir}/export", "adaptation": False},
+    }
+
+
+def _gaps(run_dir: Path) -> dict:
+    """Each scored file's DLRM AUC, the logistic regression's, and the gap."""
+    out = {}
+    for name, file in (("valid", "valid"), ("dev", "clicks_dev"), ("test", "clicks_test")):
+        rows = {r["name"]: r for r in
+                json.loads((run_dir / "eval" / f"{file}.json").read_text())["rows"]}
+        model = next(n for n in rows if not n.startswith("reference"))
+        out[name] = {"model_auc": rows[model]["auc"], "lr_auc": rows[LR]["auc"],
+                     "gap": rows[model]["auc"] - rows[LR]["auc"]}
+    return out
+
+
+def run_split_seed(log_name: str, features: list[str], work: Path, seed: int, trials: int,
+                   model_seeds: list[int]) -> list[dict]:
+    """Tune, train and score one split seed; retrain and score each further model seed."""
+    config = work / f"seed{seed}.yaml"
+    run = f"runs/seed{seed}"
+    config.write_text(yaml.safe_dump(readme_config(features, run),
+                                     sort_keys=False))
+    log = work / f"seed{seed}.log"
+    split = f"data.seed={seed}"
+    _gmeta(log, "tune", "--config", config.name, "--trials", str(trials), "--set", split)
+    _gmeta(log, "train", "--config", config.name, "--fresh", "--set", split)
+    _gmeta(log, "eval", "--config", config.name, "--validation", "--set", split)
+    results = [{"log": log_name, "split_seed": seed, "model_seed": 0, **_gaps(work / run)}]
+    for m in (m for m in model_seeds if m != 0):
+        other = f"runs/seed{seed}-model{m}"
+        (work / other).mkdir(parents=True, exist_ok=True)
+        shutil.copy(work / run / "tuned.yaml", work / other / "tuned.yaml")
+        sets = [a for s in (split, f"run_dir={other}", f"data.path={run}/data",
+                            f"export.dir={other}/export", f"model.seed={m}",
+                            f"train.shuffle_seed={m}") for a in ("--set", s)]
+        _gmeta(log, "train", "--config", config.name, "--fresh", *sets)
+        _gmeta(log, "eval", "--config", config.name, "--validation", *sets)
+        results.append({"log": log_name, "split_seed": seed, "model_seed": m,
+                        **_gaps(work / other)})
+    for r in results:
+        print(f"{log_name} split seed {seed} model seed {r['model_seed']}: "
+              + ", ".join(f"{f} {r[f]['model_auc']:.4f} vs {r[f]['lr_auc']:.4f} "
+                          f"({r[f]['gap']:+.4f})" for f in FILES), flush=True)
+    return results
+
+
+def summarize(runs: list[dict], logs: list[str]) -> dict:
+    """Per log and file: mean gap, runs at least level, runs."""
+    out = {}
+    for log_name in logs:
+        mine = [r for r in runs if r["log"] == log_name]
+        out[log_name] = {f: {"mean_gap": statistics.mean(r[f]["gap"] for r in mine),
+                             "at_least_level": sum(r[f]["gap"] >= 0 for r in mine),
+                             "runs": len(mine)} for f in FILES}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--logs", default=",".join(LOGS), help="comma-separated click logs")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated split seeds")
+    parser.add_argument("--trials", type=int, default=8, help="gmeta tune trials")
+    parser.add_argument("--model-seeds", default="0",
+                        help="comma-separated model seeds trained with each split seed's "
+                             "tuned settings (0: the tuned run itself)")
+    parser.add_argument("--jobs", type=int, default=1, help="split seeds run at once")
+    parser.add_argument("--work", help="keep the logs and runs here (default: a temporary dir)")
+    args = parser.parse_args()
+    logs = [name for name in args.logs.split(",") if name]
+    for name in logs:
+        if name not in LOGS:
+            parser.error(f"--logs {name}: expected one of {', '.join(LOGS)}")
+    if args.trials < 1:
+        parser.error(f"--trials {args.trials}: expected a number of trials >= 1")
+    if not SHARED.is_dir():
+        raise SystemExit(f"../shared/data not found at {SHARED}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    model_seeds = sorted({0, *(int(s) for s in args.model_seeds.split(","))})
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(args.work or tmp).resolve()
+        for name in logs:
+            work = base / name
+            work.mkdir(parents=True, exist_ok=True)
+            features = LOGS[name](work)
+            with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+                for results in pool.map(lambda s: run_split_seed(name, features, work, s,
+                                                                 args.trials, model_seeds),
+                                        seeds):
+                    runs.extend(results)
+    summary = summarize(runs, logs)
+    for name, files in summary.items():
+        print(f"{name}: DLRM AUC minus the logistic regression's, mean over "
+              f"{files['dev']['runs']} runs (runs at least level): "
+              + ", ".join(f"{f} {s['mean_gap']:+.4f} ({s['at_least_level']})"
+                          for f, s in files.items()), flush=True)
+    print(json.dumps({"benchmark": "click_log", "logs": logs, "split_seeds": seeds,
+                      "model_seeds": model_seeds, "trials": args.trials,
+                      "summary": summary, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
