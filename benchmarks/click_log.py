@@ -38,6 +38,7 @@ import csv
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -48,6 +49,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 SHARED = ROOT.parent / "shared" / "data"
 LR = "reference: logistic regression"
 FILES = ("valid", "dev", "test")
@@ -105,25 +107,23 @@ LOGS = {"criteo-categorical": criteo_categorical, "movielens-clicks": movielens_
 
 
 def readme_config(features: list[str], run_dir: str) -> dict:
-    """The README's ``my_clicks.yaml`` with ``features`` in its one table."""
-    return {
-        "name": "my_clicks", "run_dir": run_dir,
-        "data": {"source": "csv", "raw": "clicks_train.csv", "path": f"{run_dir}/data",
-                 "mapping": {"label": "click", "label_range": [0, 1], "sparse": features},
-                 "bad_rows": "skip",
-                 "split": {"warm_fraction": 1.0, "valid_fraction": 0.1, "query_size": 0,
-                           "min_rows": 1},
-                 "batch_size": 256},
-        "model": {"tower": "dlrm", "embedding_dim": 8,
-                  "tables": {"categorical": {"features": features, "learning_rate": 0.05}},
-                  "bottom_units": [16], "top_units": [32],
-                  "head": {"kind": "binary", "label": "label"}},
-        "meta": {"enabled": False},
-        "train": {"steps": 300, "log_every": 50, "eval_every": 50, "patience": 3,
-                  "checkpoint_every": 100, "baseline": False},
-        "eval": {"split": None, "data": ["clicks_dev.csv", "clicks_test.csv"]},
-        "export": {"dir": f"{run_dir}/export", "adaptation": False},
-    }
+    """The README's ``my_clicks.yaml`` (its fenced block, read from the README so the
+    benchmark runs the example as written) with ``features`` in its mapping and its one
+    table, ``clicks_train.csv`` to train on, ``clicks_dev.csv`` and ``clicks_test.csv`` to
+    score, and its run directory, dataset and export under ``run_dir``."""
+    blocks = re.findall(r"```yaml\n(# my_clicks.yaml.*?)```", README.read_text(), flags=re.S)
+    if len(blocks) != 1:
+        raise SystemExit(f"{README}: expected one yaml block starting '# my_clicks.yaml', "
+                         f"found {len(blocks)}")
+    config = yaml.safe_load(blocks[0])
+    (table,) = config["model"]["tables"].values()
+    table["features"] = list(features)
+    config["data"]["mapping"]["sparse"] = list(features)
+    config["data"].update(raw="clicks_train.csv", path=f"{run_dir}/data")
+    config["eval"]["data"] = ["clicks_dev.csv", "clicks_test.csv"]
+    config["export"]["dir"] = f"{run_dir}/export"
+    config["run_dir"] = run_dir
+    return config
 
 
 def _gaps(run_dir: Path) -> dict:
