@@ -9,6 +9,7 @@ import tensorflow as tf
 from gmeta_tf import distributed
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.embedding_inputs import embedding_inputs, embedding_penalty
+from gmeta_tf.models.ensemble_tower import EnsembleTower
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
 
@@ -66,7 +67,16 @@ class CTRModel(tf.keras.Model):
                   training: bool, tasks: tf.Tensor | None = None) -> tf.Tensor:
         """The mean loss of rows given the tower's inputs, plus in training the embedding
         penalty (``embedding_l2``) and, given each row's task, ``within_task_loss`` times
-        the rows' mean within-task squared error (``RatingHead.within_task_row_loss``)."""
+        the rows' mean within-task squared error (``RatingHead.within_task_row_loss``).
+        An ensemble tower's loss is the sum of its members' (each member's gradient is the
+        one it would get alone; ``EnsembleTower``)."""
+        if isinstance(self.tower, EnsembleTower):
+            members = self.tower.member_outputs(self.tower.params(), inputs)
+            loss = tf.add_n([tf.reduce_mean(self.head.row_loss(labels, members[..., m]))
+                             for m in range(self.tower.num_members)])
+            if training and self.embedding_l2:
+                loss += self.embedding_l2 * embedding_penalty(inputs, self.tower.sparse_features)
+            return loss
         outputs = self.tower(inputs)
         loss = tf.reduce_mean(self.head.row_loss(labels, outputs))
         if training and self.within_task_loss and tasks is not None:
@@ -76,6 +86,12 @@ class CTRModel(tf.keras.Model):
             loss += self.embedding_l2 * embedding_penalty(inputs, self.tower.sparse_features)
         return loss
 
+    @property
+    def members(self) -> int:
+        """Towers trained at once: an ensemble's members, else 1. The loss reported is
+        ``rows_loss`` over this (a member's mean loss)."""
+        return self.tower.num_members if isinstance(self.tower, EnsembleTower) else 1
+
     def train_step(self, batch):
         dense_vars = self.tower.trainable_variables
         with tf.GradientTape() as tape:
@@ -83,7 +99,7 @@ class CTRModel(tf.keras.Model):
         grads = tape.gradient(loss, dense_vars + self.embedding.trainable_variables)
         dense_grads = distributed.allreduce_gradients(grads[: len(dense_vars)])
         self.optimizer.apply_gradients(zip(dense_grads, dense_vars))
-        return {"loss": loss}
+        return {"loss": loss / self.members}
 
     def test_step(self, batch):
-        return {"loss": self._loss(batch, training=False)}
+        return {"loss": self._loss(batch, training=False) / self.members}

@@ -17,8 +17,8 @@ from gmeta_tf.config import (ConfigError, ModelConfig, PipelineConfig, baseline_
 from gmeta_tf.embedding import FeatureConfig, ShardedHashEmbedding
 from gmeta_tf.embedding.id_salt import feature_salt
 from gmeta_tf.meta import MetaModel
-from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, Head, LabelPrior, MeLUTower,
-                             RatingHead)
+from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, EnsembleTower, Head, LabelPrior,
+                             MeLUTower, RatingHead)
 from gmeta_tf.models.label_prior import PRIOR_FACTORS, PRIOR_INPUT
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.devices import Placement
@@ -117,19 +117,31 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str,
         raise ConfigError(f"config section 'model.tables' is not allowed: {err}") from err
 
 
+#: Member ``m`` of an ensemble tower is seeded ``model.seed + MEMBER_SEED_STRIDE * m``
+#: (a tower seeds its layers from its seed upward: members stay apart).
+MEMBER_SEED_STRIDE = 1000
+
+
 def make_tower(model: ModelConfig, name: str, prior: LabelPrior | None = None) -> Tower:
-    """The dense tower of the config (reading ``prior``, if given)."""
-    if model.tower == "melu":
-        tower: Tower = MeLUTower(model.item_features, model.user_features, model.embedding_dim,
-                                 model.hidden_units, seed=model.seed,
-                                 context_dim=model.context_dim, linear=model.linear,
-                                 item_factors=model.item_factors, name=name)
-    else:
-        tower = DLRMTower(tower_sparse_features(model), model.embedding_dim,
-                          dict(model.dense_features) or None, model.bottom_units,
-                          model.top_units, seed=model.seed, linear=model.linear, name=name)
+    """The dense tower of the config (reading ``prior``, if given); with ``members`` > 1
+    an ``EnsembleTower`` of that many, seeded apart."""
+    if model.members > 1:
+        return EnsembleTower([_single_tower(model, f"{name}_member{m}",
+                                            model.seed + MEMBER_SEED_STRIDE * m)
+                              for m in range(model.members)], name=name)
+    tower = _single_tower(model, name, model.seed)
     tower.prior = prior  # before its weights are built: the prior's scale is one of them
     return tower
+
+
+def _single_tower(model: ModelConfig, name: str, seed: int) -> Tower:
+    if model.tower == "melu":
+        return MeLUTower(model.item_features, model.user_features, model.embedding_dim,
+                         model.hidden_units, seed=seed, context_dim=model.context_dim,
+                         linear=model.linear, item_factors=model.item_factors, name=name)
+    return DLRMTower(tower_sparse_features(model), model.embedding_dim,
+                     dict(model.dense_features) or None, model.bottom_units,
+                     model.top_units, seed=seed, linear=model.linear, name=name)
 
 
 def make_head(model: ModelConfig) -> Head:

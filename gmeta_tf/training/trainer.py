@@ -316,7 +316,7 @@ class Trainer:
                     yield to_rows(batch)
 
             trainer.fit(feed())  # returns with every pull's update applied
-            loss = trainer.losses[-1]
+            loss = trainer.losses[-1] / model.members
             trainer.losses.clear()
             return {"loss": loss}
 
