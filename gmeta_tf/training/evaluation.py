@@ -519,7 +519,8 @@ def fit_reference_predictors(models: Models, config: PipelineConfig):
         valid = list(task_batches(config, split, equal_steps=False))
     else:
         valid = list(row_batches(config, split))
-    return fit_references(data, train, valid, tasks, seed=config.model.seed)
+    return fit_references(data, train, valid, tasks, seed=config.model.seed,
+                          members=config.model.members)
 
 
 def comparison_dict(rows: list[ComparedRow]) -> list[dict]:

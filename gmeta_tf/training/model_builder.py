@@ -22,6 +22,7 @@ from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, EnsembleTower, Hea
 from gmeta_tf.models.label_prior import PRIOR_FACTORS, PRIOR_INPUT
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.devices import Placement
+from gmeta_tf.training.references import MEMBER_SEED_STRIDE
 
 MODEL_EMBEDDING = "embedding"
 BASELINE_EMBEDDING = "baseline_embedding"
@@ -118,8 +119,8 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str,
 
 
 #: Member ``m`` of an ensemble tower is seeded ``model.seed + MEMBER_SEED_STRIDE * m``
-#: (a tower seeds its layers from its seed upward: members stay apart).
-MEMBER_SEED_STRIDE = 1000
+#: (a tower seeds its layers from its seed upward: members stay apart), as is fit ``m``
+#: of the averaged linear reference.
 
 
 def make_tower(model: ModelConfig, name: str, prior: LabelPrior | None = None) -> Tower:

@@ -42,6 +42,8 @@ from gmeta_tf.meta import metrics
 log = logging.getLogger(__name__)
 DAMPINGS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
 L2_PENALTIES = (1e-6, 1e-5, 1e-4, 1e-3)
+#: Fit ``m`` of an averaged linear model is seeded ``seed + MEMBER_SEED_STRIDE * m``.
+MEMBER_SEED_STRIDE = 1000
 MF_FACTORS = 32
 MF_REGS = (3.0, 10.0, 30.0)       # L2 of the factorisation's factors and biases
 MF_FOLD_IN = (0.3, 1.0, 3.0, 10.0, 30.0)  # ridge strength of a new task's factor and bias
@@ -416,7 +418,8 @@ def _task_predict(fn: Callable[[Mapping], np.ndarray]) -> Predict:
 
 
 def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
-                   valid_batches: list[Mapping], tasks: bool, seed: int = 0) -> References:
+                   valid_batches: list[Mapping], tasks: bool, seed: int = 0,
+                   members: int = 1) -> References:
     """Fits every reference on the training rows, choosing its settings on validation.
 
     Args:
@@ -426,6 +429,9 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
             their query rows, offsets from their support rows) or row batches.
         tasks: Whether the evaluated data are tasks with support rows.
         seed: Seeds the linear model's batch order.
+        members: The linear model is the mean of this many fits, seeded ``seed``,
+            ``seed + 1000``, ...: as many as the model's ensemble has members
+            (``model.members``), so that the reference is averaged as the model is.
     """
     names = {data.label, *data.candidates, *data.sparse, *data.dense}
     batches = iter(train_batches)
@@ -481,9 +487,13 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
                 data, train, labels, valid_batches, valid_labels, first(train[data.feature]),
                 seed)
     if data.kind == "binary":
-        model, settings = fit_linear(data, train, valid_rows, seed=seed)
-        predictors["logistic regression"] = _task_predict(model.predict_rows)
-        chosen["logistic regression"] = settings
+        fits = [fit_linear(data, train, valid_rows, seed=seed + MEMBER_SEED_STRIDE * m)
+                for m in range(members)]
+        models = [model for model, _ in fits]
+        predictors["logistic regression"] = _task_predict(
+            lambda rows: np.mean([m.predict_rows(rows) for m in models], axis=0))
+        chosen["logistic regression"] = (fits[0][1] if members == 1 else
+                                         {"fits": [settings for _, settings in fits]})
     log.info("references fitted on %d training rows; chosen on %d validation rows: %s",
              len(labels), len(valid_labels), chosen)
     return References(predictors, chosen)

@@ -265,3 +265,34 @@ def test_clicks_features_share_a_table_but_not_rows(clicks_run):
     one = tf.constant([1], tf.int64)  # device_type=1 and banner_pos=1 both occur
     out = embedding({n: one for n in salts}, training=False)
     assert not np.allclose(out["device_type"].numpy(), out["banner_pos"].numpy())
+
+
+def test_the_exported_click_model_serves_in_a_fresh_process_as_trained(clicks_run, tmp_path):
+    """Whatever the click example's tower (an ensemble of ``model.members`` towers, each
+    reading its slice of the rows), the SavedModel scores rows as the restored model."""
+    from gmeta_tf.training.cold_start import restore_models
+    from gmeta_tf.training.evaluation import row_batches
+
+    work, *_ = clicks_run
+    cwd = Path.cwd()
+    os.chdir(work)
+    try:
+        config = load_config("my_clicks.yaml")
+        models, info = restore_models(config)
+        batch = next(iter(row_batches(config, config.train.validation_split)))
+    finally:
+        os.chdir(cwd)
+    model = models.model
+    assert model.members == config.model.members
+    features = model.tower.feature_names
+    expected = model({k: batch[k] for k in features}).numpy()
+    np.savez(tmp_path / "in.npz", **{f"serve/{k}": np.asarray(batch[k]) for k in features})
+    exported, = Path(work, config.export.dir).iterdir()
+    assert exported.name == str(info["step"])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
+                    str(exported), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                   check=True, cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    with np.load(tmp_path / "out.npz") as out:
+        assert not out["gmeta_imported"] and not out["op_library_loaded"]
+        np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)

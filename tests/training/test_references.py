@@ -79,6 +79,25 @@ def test_the_reference_feature_is_the_candidate_with_the_best_validation_loss():
     assert lr > 0.85
 
 
+def test_logistic_regression_of_an_ensemble_is_the_mean_of_as_many_seeded_fits():
+    """With ``members`` (the model's ensemble size) the reference is averaged as the
+    model is: the mean of fits seeded ``seed``, ``seed + 1000``, ..."""
+    rng = np.random.default_rng(2)
+    n = 3000
+    a, c = rng.integers(0, 40, n), rng.integers(0, 40, n)
+    y = (rng.random(n) < np.where((a + c) % 3 == 0, 0.7, 0.2)).astype(np.float64)
+    rows = {"a": a, "c": c, "y": y}
+    train = [{k: v[:2500] for k, v in rows.items()}]
+    valid = [{k: v[2500:] for k, v in rows.items()}]
+    data = ReferenceData("binary", "y", ("a", "c"), ("a", "c"))
+    refs = fit_references(data, train, valid, tasks=False, seed=3, members=3)
+    fits = [fit_linear(data, train[0], valid[0], seed=s)[0] for s in (3, 1003, 2003)]
+    expected = np.mean([f.predict_rows(valid[0]) for f in fits], axis=0)
+    np.testing.assert_allclose(refs.predictors["logistic regression"](valid[0]), expected)
+    assert len(refs.chosen["logistic regression"]["fits"]) == 3
+    assert not np.allclose(fits[0].predict_rows(valid[0]), fits[1].predict_rows(valid[0]))
+
+
 def test_logistic_regression_learns_a_linear_rule_and_stops_on_validation():
     rng = np.random.default_rng(1)
     n = 6000

@@ -1,0 +1,76 @@
+"""A plain CTR model of ``model.members`` towers, as a user runs it: `gmeta train` on 2
+ranks (the members' wider rows go through the all-to-all, their dense gradients through
+the all-reduce), `gmeta eval` beside a linear reference averaged over as many fits, and
+`gmeta export` to a SavedModel that a fresh process serves as the restored model scores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gmeta_tf.cli import main
+from gmeta_tf.config import load_config
+from gmeta_tf.models import EnsembleTower
+from gmeta_tf.training.cold_start import restore_models
+from gmeta_tf.training.evaluation import row_batches
+from tests.multiprocess import run_ranks
+from tests.product.conftest import tiny_overrides
+
+pytestmark = pytest.mark.horovod
+MEMBERS = 3
+
+
+@pytest.fixture(scope="module")
+def ensemble_run(tiny_data, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ensemble")
+    overrides = tiny_overrides(run_dir, tiny_data, steps=12) + [
+        "meta.enabled=false", f"model.members={MEMBERS}"]
+    sets = [a for o in overrides for a in ("--set", o)]
+    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=600)
+    assert main(["eval", "--validation", *sets]) == 0
+    assert main(["export", *sets]) == 0
+    return load_config("default", overrides)
+
+
+def test_members_train_as_one_model_and_their_mean_is_scored(ensemble_run):
+    config = ensemble_run
+    models, info = restore_models(config)
+    tower = models.model.tower
+    assert isinstance(tower, EnsembleTower) and tower.num_members == MEMBERS
+    summary = json.loads(Path(config.run_dir, "train_summary.json").read_text())
+    assert summary["world_size"] == 2
+    batch = next(iter(row_batches(config, config.train.validation_split)))
+    inputs = models.model.tower_inputs(batch, training=False)
+    members = tower.member_outputs(tower.params(), inputs).numpy()
+    assert members.shape[-1] == MEMBERS
+    assert np.std(members, axis=-1).mean() > 1e-4  # members trained apart
+    np.testing.assert_allclose(tower(inputs).numpy(), members.mean(axis=-1), rtol=1e-5,
+                               atol=1e-6)
+    result = json.loads(Path(config.run_dir, "eval", f"{config.eval.split}.json").read_text())
+    assert result["rows"][0]["name"] == "ctr model"
+    linear = result["references"]["logistic regression"]
+    assert len(linear["fits"]) == MEMBERS  # the reference is averaged as the model is
+
+
+def test_the_exported_ensemble_serves_in_a_fresh_process_as_restored(ensemble_run, tmp_path):
+    config = ensemble_run
+    models, info = restore_models(config)
+    model = models.model
+    batch = next(iter(row_batches(config, config.train.validation_split)))
+    features = model.tower.feature_names
+    expected = model({k: batch[k] for k in features}).numpy()
+    np.savez(tmp_path / "in.npz", **{f"serve/{k}": np.asarray(batch[k]) for k in features})
+    exported = Path(config.export.dir, str(info["step"]))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
+                    str(exported), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                   check=True, cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    with np.load(tmp_path / "out.npz") as out:
+        assert not out["gmeta_imported"] and not out["op_library_loaded"]
+        np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
