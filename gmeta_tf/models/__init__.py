@@ -10,6 +10,6 @@ from gmeta_tf.models.melu_tower import MeLUTower
 from gmeta_tf.models.tower import Tower
 
 __all__ = [
-    "BinaryHead", "CTRModel", "DLRMTower", "EnsembleTower", "Head", "LabelPrior", "MeLUTower", "RatingHead", "Tower",
-    "embedding_inputs", "make_head",
+    "BinaryHead", "CTRModel", "DLRMTower", "EnsembleTower", "Head", "LabelPrior", "MeLUTower",
+    "RatingHead", "Tower", "embedding_inputs", "make_head",
 ]

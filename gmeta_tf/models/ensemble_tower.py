@@ -9,6 +9,11 @@ import tensorflow as tf
 from gmeta_tf.models.dense_stack import Params
 from gmeta_tf.models.tower import Tower
 
+#: Member ``m`` of an ensemble is seeded ``seed + MEMBER_SEED_STRIDE * m`` (a tower seeds
+#: its layers from its seed upward: members stay apart), as is fit ``m`` of the linear
+#: reference averaged alongside it (``references.fit_references``).
+MEMBER_SEED_STRIDE = 1000
+
 
 def member_prefix(index: int) -> str:
     """The prefix of member ``index``'s weights among the ensemble's parameters."""

@@ -19,10 +19,10 @@ from gmeta_tf.embedding.id_salt import feature_salt
 from gmeta_tf.meta import MetaModel
 from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, EnsembleTower, Head, LabelPrior,
                              MeLUTower, RatingHead)
+from gmeta_tf.models.ensemble_tower import MEMBER_SEED_STRIDE
 from gmeta_tf.models.label_prior import PRIOR_FACTORS, PRIOR_INPUT
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.devices import Placement
-from gmeta_tf.training.references import MEMBER_SEED_STRIDE
 
 MODEL_EMBEDDING = "embedding"
 BASELINE_EMBEDDING = "baseline_embedding"
@@ -116,11 +116,6 @@ def make_embedding(model: ModelConfig, schema: meta_io.Schema, name: str,
         return ShardedHashEmbedding(tables, features, name=name)
     except (ValueError, TypeError) as err:  # e.g. a cache the table class cannot combine
         raise ConfigError(f"config section 'model.tables' is not allowed: {err}") from err
-
-
-#: Member ``m`` of an ensemble tower is seeded ``model.seed + MEMBER_SEED_STRIDE * m``
-#: (a tower seeds its layers from its seed upward: members stay apart), as is fit ``m``
-#: of the averaged linear reference.
 
 
 def make_tower(model: ModelConfig, name: str, prior: LabelPrior | None = None) -> Tower:

@@ -38,12 +38,11 @@ import numpy as np
 
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.meta import metrics
+from gmeta_tf.models.ensemble_tower import MEMBER_SEED_STRIDE
 
 log = logging.getLogger(__name__)
 DAMPINGS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
 L2_PENALTIES = (1e-6, 1e-5, 1e-4, 1e-3)
-#: Fit ``m`` of an averaged linear model is seeded ``seed + MEMBER_SEED_STRIDE * m``.
-MEMBER_SEED_STRIDE = 1000
 MF_FACTORS = 32
 MF_REGS = (3.0, 10.0, 30.0)       # L2 of the factorisation's factors and biases
 MF_FOLD_IN = (0.3, 1.0, 3.0, 10.0, 30.0)  # ridge strength of a new task's factor and bias
