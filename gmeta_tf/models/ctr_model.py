@@ -74,14 +74,12 @@ class CTRModel(tf.keras.Model):
             members = self.tower.member_outputs(self.tower.params(), inputs)
             loss = tf.add_n([tf.reduce_mean(self.head.row_loss(labels, members[..., m]))
                              for m in range(self.tower.num_members)])
-            if training and self.embedding_l2:
-                loss += self.embedding_l2 * embedding_penalty(inputs, self.tower.sparse_features)
-            return loss
-        outputs = self.tower(inputs)
-        loss = tf.reduce_mean(self.head.row_loss(labels, outputs))
-        if training and self.within_task_loss and tasks is not None:
-            loss += self.within_task_loss * tf.reduce_mean(
-                self.head.within_task_row_loss(labels, outputs, tasks))
+        else:
+            outputs = self.tower(inputs)
+            loss = tf.reduce_mean(self.head.row_loss(labels, outputs))
+            if training and self.within_task_loss and tasks is not None:
+                loss += self.within_task_loss * tf.reduce_mean(
+                    self.head.within_task_row_loss(labels, outputs, tasks))
         if training and self.embedding_l2:
             loss += self.embedding_l2 * embedding_penalty(inputs, self.tower.sparse_features)
         return loss

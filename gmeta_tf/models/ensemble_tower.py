@@ -56,8 +56,8 @@ class EnsembleTower(Tower):
                     first.sparse_features, first.dense_features, first.input_width):
                 raise ValueError(f"EnsembleTower: member {m.name} reads other features or row "
                                  f"widths than {first.name}")
-            if m.prior is not None or first.prior is not None:
-                raise ValueError("EnsembleTower: members with a label prior are not supported")
+        if any(m.prior is not None for m in members):
+            raise ValueError("EnsembleTower: members with a label prior are not supported")
         super().__init__(first.sparse_features, first.embedding_dim, first.dense_features,
                          first.seed, first.linear, **kwargs)
         self.members = members

@@ -25,6 +25,25 @@ def tiny_overrides(run_dir: Path, data_dir: Path, steps: int = 8) -> list[str]:
     ]
 
 
+def served(export_dir: Path, inputs: dict[str, np.ndarray], tmp_path: Path,
+           timeout: float = 300) -> dict[str, np.ndarray]:
+    """Scores ``inputs`` (``serve/<name>`` and ``adapt/<name>`` arrays) with the SavedModel
+    at ``export_dir`` in a fresh process that never imports gmeta_tf (``serving_check.py``,
+    as TF Serving would), checks that neither gmeta_tf nor its op library got loaded, and
+    returns the scores of each signature given (``serve``, ``adapt``)."""
+    import subprocess
+    import sys
+
+    np.savez(tmp_path / "in.npz", **inputs)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
+                    str(export_dir), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                   check=True, cwd=tmp_path, env=env, capture_output=True, timeout=timeout)
+    with np.load(tmp_path / "out.npz") as out:
+        assert not out["gmeta_imported"] and not out["op_library_loaded"]
+        return {k: out[k] for k in out.files if k in ("serve", "adapt")}
+
+
 def pooled_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Mann-Whitney AUC (ties count one half), written out independently of gmeta_tf."""
     pos, neg = scores[labels > 0.5], scores[labels <= 0.5]

@@ -6,9 +6,6 @@ the all-reduce), `gmeta eval` beside a linear reference averaged over as many fi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +17,7 @@ from gmeta_tf.models import EnsembleTower
 from gmeta_tf.training.cold_start import restore_models
 from gmeta_tf.training.evaluation import row_batches
 from tests.multiprocess import run_ranks
-from tests.product.conftest import tiny_overrides
+from tests.product.conftest import served, tiny_overrides
 
 pytestmark = pytest.mark.horovod
 MEMBERS = 3
@@ -65,12 +62,6 @@ def test_the_exported_ensemble_serves_in_a_fresh_process_as_restored(ensemble_ru
     batch = next(iter(row_batches(config, config.train.validation_split)))
     features = model.tower.feature_names
     expected = model({k: batch[k] for k in features}).numpy()
-    np.savez(tmp_path / "in.npz", **{f"serve/{k}": np.asarray(batch[k]) for k in features})
     exported = Path(config.export.dir, str(info["step"]))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
-                    str(exported), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
-                   check=True, cwd=tmp_path, env=env, capture_output=True, timeout=300)
-    with np.load(tmp_path / "out.npz") as out:
-        assert not out["gmeta_imported"] and not out["op_library_loaded"]
-        np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
+    out = served(exported, {f"serve/{k}": np.asarray(batch[k]) for k in features}, tmp_path)
+    np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)

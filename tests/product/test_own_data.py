@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import load_config
 from gmeta_tf.data import hashing
-from tests.product.conftest import task_rows
+from tests.product.conftest import served, task_rows
 from tests.product.own_data import gmeta, readme_block, readme_commands_after, write_ratings
 
 #: Only the run's length shrinks; every other key is the README's.
@@ -157,21 +156,15 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     expected = model.adapted_predictions(batch, steps=0).numpy()[0][
         np.asarray(batch["query"]["mask"][0]) > 0]
     expected_adapted = model.serve(support, {k: query[k] for k in features}).numpy()
-    np.savez(tmp_path / "in.npz", **{f"serve/{k}": query[k] for k in features},
-             **{f"adapt/support_{k}": support[k] for k in (*features, model.head.label)},
-             **{f"adapt/query_{k}": query[k] for k in features})
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    inputs = {**{f"serve/{k}": query[k] for k in features},
+              **{f"adapt/support_{k}": support[k] for k in (*features, model.head.label)},
+              **{f"adapt/query_{k}": query[k] for k in features}}
     # The export is of the checkpoint chosen on validation, as restore_models restores.
     exported, = Path(config.export.dir).iterdir()
     assert exported.name == str(info["step"])
-    subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
-                    str(exported), str(tmp_path / "in.npz"),
-                    str(tmp_path / "out.npz")], check=True, cwd=tmp_path, env=env,
-                   capture_output=True, timeout=300)
-    with np.load(tmp_path / "out.npz") as out:
-        assert not out["gmeta_imported"] and not out["op_library_loaded"]
-        np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)
+    out = served(exported, inputs, tmp_path)
+    np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)
 
 
 def test_the_factor_prior_is_the_factorisation_of_every_ranks_warm_rows(ratings_run):
@@ -246,17 +239,22 @@ def test_plain_ctr_trains_on_every_warm_row_and_scores_every_test_row(clicks_run
     assert Path(work, "runs/my_clicks/export").is_dir()
 
 
+def _clicks_config(work: Path):
+    """The click example's config as the README's commands read it in ``work`` (its
+    relative paths made absolute there)."""
+    cwd = Path.cwd()
+    os.chdir(work)
+    try:
+        return load_config("my_clicks.yaml")
+    finally:
+        os.chdir(cwd)
+
+
 def test_clicks_features_share_a_table_but_not_rows(clicks_run):
     from gmeta_tf.training.cold_start import restore_models
 
     work, *_ = clicks_run
-    cwd = Path.cwd()
-    os.chdir(work)
-    try:
-        config = load_config("my_clicks.yaml")
-        models, _ = restore_models(config)
-    finally:
-        os.chdir(cwd)
+    models, _ = restore_models(_clicks_config(work))
     embedding = models.model.embedding
     salts = {f.name: f.id_salt for f in embedding.feature_configs}
     assert len(set(salts.values())) == 4 and 0 not in salts.values()
@@ -274,25 +272,14 @@ def test_the_exported_click_model_serves_in_a_fresh_process_as_trained(clicks_ru
     from gmeta_tf.training.evaluation import row_batches
 
     work, *_ = clicks_run
-    cwd = Path.cwd()
-    os.chdir(work)
-    try:
-        config = load_config("my_clicks.yaml")
-        models, info = restore_models(config)
-        batch = next(iter(row_batches(config, config.train.validation_split)))
-    finally:
-        os.chdir(cwd)
+    config = _clicks_config(work)
+    models, info = restore_models(config)
+    batch = next(iter(row_batches(config, config.train.validation_split)))
     model = models.model
     assert model.members == config.model.members
     features = model.tower.feature_names
     expected = model({k: batch[k] for k in features}).numpy()
-    np.savez(tmp_path / "in.npz", **{f"serve/{k}": np.asarray(batch[k]) for k in features})
-    exported, = Path(work, config.export.dir).iterdir()
+    exported, = Path(config.export.dir).iterdir()
     assert exported.name == str(info["step"])
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
-                    str(exported), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
-                   check=True, cwd=tmp_path, env=env, capture_output=True, timeout=300)
-    with np.load(tmp_path / "out.npz") as out:
-        assert not out["gmeta_imported"] and not out["op_library_loaded"]
-        np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
+    out = served(exported, {f"serve/{k}": np.asarray(batch[k]) for k in features}, tmp_path)
+    np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,8 @@ from gmeta_tf.cli import main
 from gmeta_tf.config import load_config
 from gmeta_tf.training.cold_start import restore_models
 from tests.multiprocess import run_ranks
-from tests.product.conftest import cold_query_rows, pooled_auc, task_rows, tiny_overrides
+from tests.product.conftest import (cold_query_rows, pooled_auc, served, task_rows,
+                                    tiny_overrides)
 
 pytestmark = pytest.mark.horovod  # the module's fixture trains under horovodrun -np 2
 UNKNOWN_ID = 987_654_321_000
@@ -152,16 +151,10 @@ def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, t
               **{f"adapt/support_{k}": v for k, v in support.items() if k in features},
               f"adapt/support_{model.head.label}": support[model.head.label],
               **{f"adapt/query_{k}": query[k] for k in features}}
-    np.savez(tmp_path / "in.npz", **inputs)
     export_dir = Path(trained.export.dir, str(manifest["step"]))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, str(Path(__file__).with_name("serving_check.py")),
-                    str(export_dir), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
-                   check=True, cwd=tmp_path, env=env, capture_output=True, timeout=120)
-    with np.load(tmp_path / "out.npz") as out:
-        assert not out["gmeta_imported"] and not out["op_library_loaded"]
-        np.testing.assert_allclose(out["serve"], expected_rows, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-6)
+    out = served(export_dir, inputs, tmp_path, timeout=120)
+    np.testing.assert_allclose(out["serve"], expected_rows, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-6)
     assert not np.allclose(expected_adapted, expected_rows)  # adaptation changed the scores
 
 
