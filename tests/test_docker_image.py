@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.product.conftest import tiny_overrides
+from tests.product.conftest import served, tiny_overrides
 
 pytestmark = pytest.mark.docker
 
@@ -115,18 +114,12 @@ def test_saved_model_exported_in_the_image_serves_outside_it(smoke, tmp_path):
     expected_adapted = model.serve(support, {k: query[k] for k in features}).numpy()
 
     label = model.head.label
-    np.savez(tmp_path / "in.npz",
-             **{f"serve/{k}": query[k] for k in features},
-             **{f"adapt/support_{k}": support[k] for k in features},
-             **{f"adapt/support_{label}": support[label]},
-             **{f"adapt/query_{k}": query[k] for k in features})
+    inputs = {**{f"serve/{k}": query[k] for k in features},
+              **{f"adapt/support_{k}": support[k] for k in features},
+              **{f"adapt/support_{label}": support[label]},
+              **{f"adapt/query_{k}": query[k] for k in features}}
     export_dir, = (run_dir / "export").iterdir()  # the best checkpoint's step
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, str(PROJECT_ROOT / "tests" / "product" / "serving_check.py"),
-                    str(export_dir), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
-                   check=True, cwd=tmp_path, env=env, capture_output=True, timeout=300)
-    with np.load(tmp_path / "out.npz") as out:
-        assert not out["gmeta_imported"] and not out["op_library_loaded"]
-        np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-6)
+    out = served(export_dir, inputs, tmp_path)
+    np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-6)
     assert not np.allclose(expected_adapted, expected)  # the adapt signature did adapt
