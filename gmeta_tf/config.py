@@ -194,6 +194,12 @@ class ModelConfig:
     table row, and outputs the mean of their outputs (``EnsembleTower``): on a small
     click log a deep model's AUC moves by hundredths with its initial weights, and the
     mean of several keeps what they agree on, at ``members`` times the tower's cost.
+    ``start_from_linear`` (a plain model with ``linear``) starts training from the
+    logistic regression that ``gmeta eval`` reports as a reference: fitted on the training
+    rows, its penalty and epochs chosen on the validation rows, its weights copied into
+    the rows' linear column, the dense inputs' weights and the output bias, the deep part's
+    last layer zeroed (``linear_start``). The model is validated before its first step, so
+    on validation it moves away from the linear model only where training improves on it.
     """
 
     tower: Literal["dlrm", "melu"] = "dlrm"
@@ -213,6 +219,7 @@ class ModelConfig:
     prior: PriorSection | None = None
     seed: int = 0
     members: int = field(1, min=1)
+    start_from_linear: bool = False
 
     @property
     def table_dim(self) -> int:
@@ -728,6 +735,24 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("model.members", model.members, "1 with a model.prior (the members "
                     "would share one prior's scale)")
     tower_sparse = tower_sparse_features(model)
+    if model.start_from_linear:
+        why = None
+        if config.meta.enabled:
+            why = "with meta.enabled: true (a meta model starts from its own initial weights)"
+        elif not model.linear:
+            why = "without model.linear (the linear model's weights go in the linear term)"
+        elif model.members > 1:
+            why = "with model.members > 1 (the members start from their own weights)"
+        elif model.prior is not None:
+            why = "with a model.prior (the linear model has no prior)"
+        else:
+            admitting = [t for t, spec in model.tables.items() if spec.admit_after > 1
+                         and set(spec.features) & set(tower_sparse)]
+            if admitting:
+                why = (f"with tables that admit ids late ({admitting}: admit_after > 1; every "
+                       f"id of the training rows needs a row for its weight)")
+        if why is not None:
+            raise _fail("model.start_from_linear", True, f"false {why}")
     if model.prior is not None and model.prior.feature not in tower_sparse:
         raise _fail("model.prior.feature", model.prior.feature,
                     f"a sparse feature of the tower ({list(tower_sparse)})")

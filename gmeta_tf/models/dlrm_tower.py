@@ -7,7 +7,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from gmeta_tf.models.dense_stack import Params, add_dense_stack, apply_dense_stack
+from gmeta_tf.models.dense_stack import (Params, add_dense_stack, apply_dense_stack,
+                                         layer_names)
 from gmeta_tf.models.tower import Tower
 
 
@@ -59,6 +60,11 @@ class DLRMTower(Tower):
         if self.dense_features:
             return pairs + self.embedding_dim
         return pairs + self.embedding_dim * len(self.sparse_features)
+
+    @property
+    def final_layer(self) -> tuple[str, str]:
+        """The top MLP's last layer."""
+        return layer_names("top", len(self.top_units) + 1)[-1]
 
     def _create_weights(self) -> dict[str, tf.Variable]:
         params = {}

@@ -107,6 +107,13 @@ class Tower(tf.keras.layers.Layer):
     #: output (None: the tower has no such layer, e.g. DLRM's top MLP).
     output_layer: tuple[str, str] | None = None
 
+    @property
+    def final_layer(self) -> tuple[str, str] | None:
+        """``(kernel, bias)`` names of the layer that makes the raw output from the deep
+        part (``output_layer`` unless the tower says otherwise): with its kernel zero the
+        output is its bias plus ``linear_term`` (and DLRM's dense linear map)."""
+        return self.output_layer
+
     def hidden(self, params: Params, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         """The last hidden layer ``[..., width]``, which ``output_layer`` maps to the raw
         output: ``apply == hidden @ kernel + bias + linear_term`` (towers with an

@@ -173,10 +173,7 @@ class LinearModel:
             w = (x >= 0).astype(np.float64)
             if x.shape[1] > 1:  # multi-hot: mean of the present ids, as the tower pools
                 w = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
-            with np.errstate(over="ignore"):
-                key = (x.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-                       + np.uint64(i + 1) * np.uint64(0xBF58476D1CE4E5B9))
-            ids.append((key >> np.uint64(20)) % np.uint64(self.buckets))
+            ids.append(self._buckets(i, x))
             weights.append(w)
         dense = [np.asarray(rows[n], np.float64).reshape(len(ids[0]) if ids else
                                                          len(rows[n]), -1)
@@ -185,6 +182,28 @@ class LinearModel:
         return (np.concatenate(ids, axis=1).astype(np.int64) if ids else np.zeros((n, 0), np.int64),
                 np.concatenate(weights, axis=1) if weights else np.zeros((n, 0)),
                 np.concatenate(dense, axis=1) if dense else np.zeros((n, 0)))
+
+    def _buckets(self, feature_index: int, ids: np.ndarray) -> np.ndarray:
+        """The hashed one-hot columns of a feature's (the ``feature_index``-th of
+        ``data.sparse``) int64 ids."""
+        with np.errstate(over="ignore"):
+            key = (ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+                   + np.uint64(feature_index + 1) * np.uint64(0xBF58476D1CE4E5B9))
+        return (key >> np.uint64(20)) % np.uint64(self.buckets)
+
+    def id_weights(self, feature: str, ids: np.ndarray) -> np.ndarray:
+        """The weights of a sparse feature's ids (one-hot columns)."""
+        index = self.data.sparse.index(feature)
+        return self.w[self._buckets(index, np.asarray(ids, np.int64)).astype(np.int64)]
+
+    @property
+    def dense_weights(self) -> np.ndarray:
+        """The weights of the dense inputs, in ``data.dense`` order (after a fit)."""
+        return np.zeros(0) if self.v is None else self.v
+
+    @property
+    def bias(self) -> float:
+        return float(self.b)
 
     def _logit(self, ids, weights, dense) -> np.ndarray:
         if self.v is None:

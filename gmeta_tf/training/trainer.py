@@ -67,6 +67,7 @@ from gmeta_tf.training.devices import configure_devices
 from gmeta_tf.training.evaluation import Validator, selection_metric
 from gmeta_tf.training.model_builder import (Models, build_models, dense_slow_variables,
                                              set_configured_blend)
+from gmeta_tf.training.linear_start import start_from_linear
 from gmeta_tf.training.prior_fit import fit_prior
 from gmeta_tf.training.progress import ProgressBar
 from gmeta_tf.training.selection import Selection, validation_protocol
@@ -347,6 +348,8 @@ class Trainer:
                     # the learned strengths start where the baseline's stay (initial_ridge)
                     models.model.set_ridge_strengths(
                         initial_ridge(models.model.tower, self.config.meta.ridge)().numpy())
+            if start == 0 and self.config.model.start_from_linear:
+                start_from_linear(models, self.config)
             return self._run(models, start)
         except BaseException:
             self._restore_aside()
@@ -409,6 +412,11 @@ class Trainer:
                      "(train.pretrain_steps); meta-training follows", start + 1,
                      min(t.pretrain_steps, t.steps))
         self._keep_initial(models, start)
+        if start == 0 and config.model.start_from_linear and t.eval_every:
+            # validated before its first step: the linear model is a candidate checkpoint
+            eval_metrics, improved = self._validate(0, models, tensorboard, selection)
+            if improved:
+                last_ckpt = self._save(models, 0, selection)
         done = start
         stops = self._stops(start)
         if all(n in self._resting() for n in models.names):
