@@ -152,39 +152,28 @@ def _clip(kind: str, p: np.ndarray) -> np.ndarray:
 
 
 class LinearModel:
-    """Logistic regression on one-hot sparse ids and dense inputs (NumPy, Adagrad).
+    """Logistic regression on hashed one-hot sparse ids and dense inputs (NumPy, Adagrad)."""
 
-    A column per (feature, id) of the training rows: no hashing, so no two ids share a
-    weight; an id the training rows never had weighs 0 (as a new id reads the model's
-    default row)."""
-
-    def __init__(self, data: ReferenceData, train: Mapping[str, np.ndarray],
-                 learning_rate: float = 0.1, l2: float = 1e-5, seed: int = 0):
-        self.data, self.lr, self.l2 = data, learning_rate, l2
-        self.vocabulary = {}  # feature -> its training ids, sorted
-        for name in data.sparse:
-            x = np.asarray(train[name]).astype(np.int64).reshape(-1)
-            self.vocabulary[name] = np.unique(x[x >= 0])
-        sizes = [len(self.vocabulary[n]) for n in data.sparse]
-        self.offsets = dict(zip(data.sparse, np.cumsum([0] + sizes[:-1]).tolist()))
-        self.unseen = int(sum(sizes))  # the column of every id not trained on: never moves
-        self.w = np.zeros(self.unseen + 1)
-        self.w_acc = np.full(self.unseen + 1, 1e-8)
+    def __init__(self, data: ReferenceData, buckets: int = 1 << 20, learning_rate: float = 0.1,
+                 l2: float = 1e-5, seed: int = 0):
+        self.data, self.buckets, self.lr, self.l2 = data, buckets, learning_rate, l2
+        self.w = np.zeros(buckets)
+        self.w_acc = np.full(buckets, 1e-8)
         self.v: np.ndarray | None = None   # dense weights, sized at the first batch
         self.b, self.b_acc = 0.0, 1e-8
         self.rng = np.random.default_rng(seed)
 
     def _features(self, rows: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
                                                                  np.ndarray]:
-        """(one-hot columns [n, F], their 0/1 weights [n, F], dense inputs [n, D])."""
+        """(hashed ids [n, F], their 0/1 weights [n, F], dense inputs [n, D])."""
         ids, weights = [], []
-        for name in self.data.sparse:
+        for i, name in enumerate(self.data.sparse):
             x = np.asarray(rows[name]).astype(np.int64)
             x = x.reshape(len(x), -1)
             w = (x >= 0).astype(np.float64)
             if x.shape[1] > 1:  # multi-hot: mean of the present ids, as the tower pools
                 w = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
-            ids.append(self._columns(name, x))
+            ids.append(self._buckets(i, x))
             weights.append(w)
         dense = [np.asarray(rows[n], np.float64).reshape(len(ids[0]) if ids else
                                                          len(rows[n]), -1)
@@ -194,16 +183,18 @@ class LinearModel:
                 np.concatenate(weights, axis=1) if weights else np.zeros((n, 0)),
                 np.concatenate(dense, axis=1) if dense else np.zeros((n, 0)))
 
-    def _columns(self, feature: str, ids: np.ndarray) -> np.ndarray:
-        """The one-hot columns of a feature's int64 ids (``unseen`` for ids without one)."""
-        vocabulary = self.vocabulary[feature]
-        at = np.minimum(np.searchsorted(vocabulary, ids), max(len(vocabulary) - 1, 0))
-        known = (vocabulary[at] == ids) if len(vocabulary) else np.zeros(ids.shape, bool)
-        return np.where(known, self.offsets[feature] + at, self.unseen)
+    def _buckets(self, feature_index: int, ids: np.ndarray) -> np.ndarray:
+        """The hashed one-hot columns of a feature's (the ``feature_index``-th of
+        ``data.sparse``) int64 ids."""
+        with np.errstate(over="ignore"):
+            key = (ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+                   + np.uint64(feature_index + 1) * np.uint64(0xBF58476D1CE4E5B9))
+        return (key >> np.uint64(20)) % np.uint64(self.buckets)
 
     def id_weights(self, feature: str, ids: np.ndarray) -> np.ndarray:
-        """The weights of a sparse feature's ids (0 for ids it was not trained on)."""
-        return self.w[self._columns(feature, np.asarray(ids, np.int64))]
+        """The weights of a sparse feature's ids (one-hot columns)."""
+        index = self.data.sparse.index(feature)
+        return self.w[self._buckets(index, np.asarray(ids, np.int64)).astype(np.int64)]
 
     @property
     def dense_weights(self) -> np.ndarray:
@@ -236,7 +227,7 @@ class LinearModel:
             err = (p - labels[at]) / len(at)                              # dLoss/dz
             flat = ids[at].ravel()
             grad_w = np.bincount(flat, weights=(err[:, None] * weights[at]).ravel(),
-                                 minlength=len(self.w))
+                                 minlength=self.buckets)
             touched = np.unique(flat)
             g = grad_w[touched] + self.l2 * self.w[touched]
             self.w_acc[touched] += g * g
@@ -258,7 +249,7 @@ def fit_linear(data: ReferenceData, train: Mapping[str, np.ndarray],
     valid_labels = np.asarray(valid[data.label], np.float64)
     best: tuple[float, LinearModel | None, dict] = (np.inf, None, {})
     for l2 in L2_PENALTIES:
-        model = LinearModel(data, train, l2=l2, seed=seed)
+        model = LinearModel(data, l2=l2, seed=seed)
         features, valid_features = model._features(train), model._features(valid)
         best_here, stale = np.inf, 0
         for epoch in range(1, max_epochs + 1):
