@@ -40,11 +40,15 @@ HIGHER_IS_BETTER = ("auc", "ndcg")
 
 # ---- batches -----------------------------------------------------------------------------
 
-def split_dataset(config: PipelineConfig, split: str | None, path: str | None = None
+def split_dataset(config: PipelineConfig, split: str | None, path: str | None = None, *,
+                  features: list[str] | None = None, whole: bool = False
                   ) -> meta_io.TaskDataset:
-    """One split of the config's dataset (or of another dataset at ``path``)."""
+    """One split of the config's dataset (or of another dataset at ``path``): this rank's
+    shard of it, or with ``whole`` all of it on every rank; ``features``: those columns
+    only (default: all)."""
     return meta_io.TaskDataset(path or config.data.path, split, reader=config.data.reader,
-                               verify="size")
+                               features=features, verify="size",
+                               **({"rank": 0, "size": 1} if whole else {}))
 
 
 def task_batches(config: PipelineConfig, split: str | None, equal_steps: bool,

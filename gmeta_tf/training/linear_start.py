@@ -42,19 +42,19 @@ from gmeta_tf.config import PipelineConfig
 from gmeta_tf.embedding import table_ops
 from gmeta_tf.embedding.id_salt import salt_ids
 from gmeta_tf.models.ctr_model import CTRModel
-from gmeta_tf.training.evaluation import reference_data
+from gmeta_tf.training.evaluation import reference_data, split_dataset
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.references import LinearModel, fit_linear, rows_of
 
 log = logging.getLogger(__name__)
-_ROWS_PER_READ = 4096  # as gmeta eval reads the training split for its references
+_ROWS_PER_READ = 4096
 
 
-def _rows(config: PipelineConfig, split: str, names: list[str], rows_per_read: int) -> dict:
-    """Every row of a split (not this rank's shard), in file order."""
-    dataset = meta_io.TaskDataset(config.data.path, split, rank=0, size=1,
-                                  reader=config.data.reader, features=names, verify="size")
-    return rows_of(dataset.rows(rows_per_read), names)
+def _rows(config: PipelineConfig, split: str, names: list[str]) -> dict:
+    """Every row of a split (not this rank's shard), in file order (as ``gmeta eval`` reads
+    it for the references: the order of the rows does not depend on the rows per read)."""
+    dataset = split_dataset(config, split, features=names, whole=True)
+    return rows_of(dataset.rows(_ROWS_PER_READ), names)
 
 
 def fit_start(models: Models, config: PipelineConfig) -> tuple[LinearModel, dict, dict]:
@@ -62,8 +62,8 @@ def fit_start(models: Models, config: PipelineConfig) -> tuple[LinearModel, dict
     it was fitted on."""
     data = reference_data(config, models)
     names = sorted({data.label, *data.sparse, *data.dense})
-    train = _rows(config, "warm", names, _ROWS_PER_READ)
-    valid = _rows(config, config.train.validation_split, names, config.data.batch_size)
+    train = _rows(config, "warm", names)
+    valid = _rows(config, config.train.validation_split, names)
     if not len(train[data.label]) or not len(valid[data.label]):
         raise meta_io.DataError(
             f"{config.data.path}: model.start_from_linear needs training and validation "

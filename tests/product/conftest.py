@@ -25,6 +25,27 @@ def tiny_overrides(run_dir: Path, data_dir: Path, steps: int = 8) -> list[str]:
     ]
 
 
+def set_args(overrides: list[str]) -> list[str]:
+    """The ``--set`` arguments of the gmeta command for config overrides."""
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def run_on_two_ranks(overrides: list[str], export: bool = True, timeout: float = 600):
+    """The default pipeline with ``overrides`` as a user runs it: `gmeta train` on 2 ranks
+    under horovodrun, then `gmeta eval --validation` (and `gmeta export`) in this process;
+    returns the config."""
+    from gmeta_tf.cli import main
+    from gmeta_tf.config import load_config
+    from tests.multiprocess import run_ranks
+
+    sets = set_args(overrides)
+    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=timeout)
+    assert main(["eval", "--validation", *sets]) == 0
+    if export:
+        assert main(["export", *sets]) == 0
+    return load_config("default", overrides)
+
+
 def served(export_dir: Path, inputs: dict[str, np.ndarray], tmp_path: Path,
            timeout: float = 300) -> dict[str, np.ndarray]:
     """Scores ``inputs`` (``serve/<name>`` and ``adapt/<name>`` arrays) with the SavedModel

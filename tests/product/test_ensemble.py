@@ -11,13 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gmeta_tf.cli import main
-from gmeta_tf.config import load_config
 from gmeta_tf.models import EnsembleTower
 from gmeta_tf.training.cold_start import restore_models
 from gmeta_tf.training.evaluation import row_batches
-from tests.multiprocess import run_ranks
-from tests.product.conftest import served, tiny_overrides
+from tests.product.conftest import run_on_two_ranks, served, tiny_overrides
 
 pytestmark = pytest.mark.horovod
 MEMBERS = 3
@@ -26,13 +23,8 @@ MEMBERS = 3
 @pytest.fixture(scope="module")
 def ensemble_run(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ensemble")
-    overrides = tiny_overrides(run_dir, tiny_data, steps=12) + [
-        "meta.enabled=false", f"model.members={MEMBERS}"]
-    sets = [a for o in overrides for a in ("--set", o)]
-    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=600)
-    assert main(["eval", "--validation", *sets]) == 0
-    assert main(["export", *sets]) == 0
-    return load_config("default", overrides)
+    return run_on_two_ranks(tiny_overrides(run_dir, tiny_data, steps=12) + [
+        "meta.enabled=false", f"model.members={MEMBERS}"])
 
 
 def test_members_train_as_one_model_and_their_mean_is_scored(ensemble_run):

@@ -17,7 +17,7 @@ from gmeta_tf.cli import main
 from gmeta_tf.config import ConfigError, load_config
 from gmeta_tf.training.cold_start import restore_models
 from tests.multiprocess import run_ranks
-from tests.product.conftest import cold_rows, pooled_auc
+from tests.product.conftest import cold_rows, pooled_auc, set_args
 from tests.product.hybrid_worker import STEPS, overrides
 from tests.product.test_resume import _contents
 from tests.reliability.weights import merged_tables
@@ -172,7 +172,7 @@ def test_hybrid_checkpoint_restores_evaluates_and_exports(runs):
             np.testing.assert_array_equal(restored[field][order],
                                           saved[f"{embedding.name}/{table}"][field],
                                           err_msg=f"{table}/{field}")
-    sets = [a for o in sets_list for a in ("--set", o)]
+    sets = set_args(sets_list)
     assert main(["eval", *sets]) == 0
     result = json.loads(Path(config.run_dir, "eval", f"{config.eval.split}.json").read_text())
     ctr = next(r for r in result["rows"] if r["name"] == "ctr model")

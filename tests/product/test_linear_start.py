@@ -13,13 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gmeta_tf.cli import main
 from gmeta_tf.config import ConfigError, load_config
 from gmeta_tf.training.evaluation import fit_reference_predictors, row_batches
 from gmeta_tf.training.linear_start import start_from_linear
 from gmeta_tf.training.model_builder import build_models
-from tests.multiprocess import run_ranks
-from tests.product.conftest import tiny_overrides
+from tests.product.conftest import run_on_two_ranks, tiny_overrides
 
 START = ["meta.enabled=false", "model.start_from_linear=true",
          "model.tables.user.admit_after=1"]
@@ -62,12 +60,8 @@ def test_start_from_linear_is_refused_where_it_cannot_start_there(tiny_data, tmp
 
 @pytest.mark.horovod
 def test_two_ranks_validate_the_linear_start_before_the_first_step(tiny_data, tmp_path):
-    overrides = tiny_overrides(tmp_path, tiny_data, steps=8) + START + [
-        "train.eval_batches=null"]  # every validation row, as gmeta eval scores them
-    sets = [a for o in overrides for a in ("--set", o)]
-    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=600)
-    assert main(["eval", "--validation", *sets]) == 0
-    config = load_config("default", overrides)
+    config = run_on_two_ranks(tiny_overrides(tmp_path, tiny_data, steps=8) + START + [
+        "train.eval_batches=null"], export=False)  # every validation row, as eval scores them
     best = json.loads(Path(config.run_dir, "checkpoints", "BEST.json").read_text())
     first = best["history"][0] if "history" in best else None
     assert first is not None and first["step"] == 0, best

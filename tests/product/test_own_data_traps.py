@@ -18,13 +18,13 @@ from gmeta_tf.cli import main
 from gmeta_tf.config import ConfigError, load_config
 from gmeta_tf.data.manifest import MANIFEST_NAME
 from gmeta_tf.training import prepare_dataset
-from tests.product.conftest import tiny_overrides
+from tests.product.conftest import set_args, tiny_overrides
 from tests.product.own_data import gmeta, write_ratings
 
 
 def _sets(run_dir: Path, data_dir: Path, steps: int = 4, *more: str) -> list[str]:
     overrides = tiny_overrides(run_dir, data_dir, steps) + ["train.eval_every=0", *more]
-    return [a for o in overrides for a in ("--set", o)]
+    return set_args(overrides)
 
 
 def _checkpoints(run_dir: Path) -> list[str]:

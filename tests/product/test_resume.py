@@ -15,12 +15,11 @@ from gmeta_tf.cli import main
 from gmeta_tf.training.trainer import Trainer
 from tests.multiprocess import run_ranks
 from tests.product import resume_worker
-from tests.product.conftest import tiny_overrides
+from tests.product.conftest import set_args, tiny_overrides
 
 
 def _train(run_dir: Path, data_dir: Path, steps: int, *flags: str) -> None:
-    sets = [a for o in tiny_overrides(run_dir, data_dir, steps) + ["train.eval_every=0"]
-            for a in ("--set", o)]
+    sets = set_args(tiny_overrides(run_dir, data_dir, steps) + ["train.eval_every=0"])
     assert main(["train", *sets, *flags]) == 0
 
 
@@ -51,7 +50,7 @@ def test_resume_reaches_the_weights_of_an_uninterrupted_run(tiny_data, tmp_path)
 
 def test_existing_checkpoints_need_resume_or_fresh(tiny_data, tmp_path, capsys):
     _train(tmp_path / "run", tiny_data, 4, "--fresh")
-    sets = [a for o in tiny_overrides(tmp_path / "run", tiny_data, 4) for a in ("--set", o)]
+    sets = set_args(tiny_overrides(tmp_path / "run", tiny_data, 4))
     assert main(["train", *sets]) == 2
     assert "already has checkpoints (latest ckpt-4): pass --resume" in capsys.readouterr().err
 

@@ -12,11 +12,9 @@ import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf.cli import main
-from gmeta_tf.config import load_config
 from gmeta_tf.training.cold_start import restore_models
-from tests.multiprocess import run_ranks
-from tests.product.conftest import (cold_query_rows, pooled_auc, served, task_rows,
-                                    tiny_overrides)
+from tests.product.conftest import (cold_query_rows, pooled_auc, run_on_two_ranks, served,
+                                    set_args, task_rows, tiny_overrides)
 
 pytestmark = pytest.mark.horovod  # the module's fixture trains under horovodrun -np 2
 UNKNOWN_ID = 987_654_321_000
@@ -30,12 +28,7 @@ def trained(tiny_data, tmp_path_factory):
     inner loop has 2 steps with learned rates per step and per element (MAML++), which the
     exported ``adapt`` signature must follow."""
     run_dir = tmp_path_factory.mktemp("round_trip")
-    overrides = tiny_overrides(run_dir, tiny_data) + MAML_PLUS_PLUS
-    sets = [a for o in overrides for a in ("--set", o)]
-    run_ranks("gmeta_tf.cli", "train", "--config", "default", *sets, np_=2, timeout=900)
-    assert main(["eval", "--validation", *sets]) == 0
-    assert main(["export", *sets]) == 0
-    return load_config("default", overrides)
+    return run_on_two_ranks(tiny_overrides(run_dir, tiny_data) + MAML_PLUS_PLUS, timeout=900)
 
 
 def test_training_wrote_checkpoints_summary_and_tensorboard(trained):
@@ -105,8 +98,7 @@ def test_eval_validation_only_scores_the_validation_split_alone(trained, tiny_da
     eval_dir = Path(trained.run_dir, "eval")
     cold = eval_dir / f"{trained.eval.split}.json"
     before = (cold.read_bytes(), cold.stat().st_mtime_ns)
-    overrides = tiny_overrides(Path(trained.run_dir), tiny_data) + MAML_PLUS_PLUS
-    sets = [a for o in overrides for a in ("--set", o)]
+    sets = set_args(tiny_overrides(Path(trained.run_dir), tiny_data) + MAML_PLUS_PLUS)
     capsys.readouterr()
     assert main(["eval", "--validation-only", *sets]) == 0
     out = capsys.readouterr().out
@@ -127,7 +119,7 @@ def test_eval_validation_refuses_a_split_the_dataset_lacks(trained, tiny_data, c
     before = {f.name: f.read_bytes() for f in eval_dir.iterdir()}
     overrides = tiny_overrides(Path(trained.run_dir), tiny_data) + [
         "train.validation_split=holdout"]
-    assert main(["eval", "--validation", *[a for o in overrides for a in ("--set", o)]]) == 2
+    assert main(["eval", "--validation", *set_args(overrides)]) == 2
     assert ("config key 'train.validation_split' = 'holdout' is not allowed: expected a split "
             "of the dataset scored, one of ['cold', 'valid', 'warm'] to score with gmeta eval "
             "--validation") in capsys.readouterr().err
