@@ -35,7 +35,7 @@ baseline's learning rate, its tables' learning rate
 (``train.baseline_table_learning_rate``), its embedding penalty
 (``train.baseline_embedding_l2``, the same choices), fine-tuning rate and fine-tuning steps
 (the same range as k) and its own ridge strength (``eval.baseline_ridge``). A study's first
-trial gives every table the first table's rate. A plain CTR pipeline (``meta.enabled:
+trial gives every table the rate most of them share (``pipeline_table_rate``). A plain CTR pipeline (``meta.enabled:
 false``) searches its learning rate, its tables' learning rate, its batch size and its
 embedding width.
 
@@ -144,8 +144,23 @@ def _suggest_table_rate(trial) -> float:
     return trial.suggest_float("table_learning_rate", *TABLE_RATES, log=True)
 
 
-def _first_table_rate(config: PipelineConfig) -> float:
-    return next(iter(config.model.tables.values())).optimizer.learning_rate
+def pipeline_table_rate(config: PipelineConfig) -> float:
+    """The pipeline's table learning rate as the one rate a study searches: the rate most
+    of its tables share (the first such table's on a tie). A table whose rate differs is
+    named in a warning, as the first trial then gives it that rate too: the pipeline's
+    own settings are then not exactly its first trial. (Taking the first table's rate
+    instead gave a pipeline whose first table never stores a row, at the default rate,
+    that rate for every table: a first trial far below the pipeline's own settings.)"""
+    rates = {name: t.optimizer.learning_rate for name, t in config.model.tables.items()}
+    values = list(rates.values())
+    rate = max(values, key=values.count)  # the first of the most common
+    differ = sorted(name for name, r in rates.items() if r != rate)
+    if differ:
+        log.warning("gmeta tune searches one learning rate for every table; the first trial "
+                    "gives every table %g, the rate of most of them, so these tables train "
+                    "at another rate than the pipeline gives them: %s", rate,
+                    ", ".join(f"{n} ({rates[n]:g})" for n in differ))
+    return rate
 
 
 def _nearest(value, choices):
@@ -169,7 +184,7 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
                   "learning_rate": _clip(t.learning_rate, 1e-4, 1e-2),
                   "pretrain_steps": _nearest(t.pretrain_steps, pretrain_choices(config)),
                   "embedding_l2": _nearest(t.embedding_l2, EMBEDDING_L2),
-                  "table_learning_rate": _clip(_first_table_rate(config), *TABLE_RATES)}
+                  "table_learning_rate": _clip(pipeline_table_rate(config), *TABLE_RATES)}
         if m.algorithm != "reptile":
             params["multi_step_loss"] = _nearest(m.multi_step_loss, MULTI_STEP_LOSS)
         if ridge_applies(config.model):
@@ -182,14 +197,14 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
                   "fine_tune_lr": _clip(e.baseline_lr, 1e-3, 3.0),
                   "fine_tune_steps": min(max(steps, 1), 5),
                   "table_learning_rate": _clip(t.baseline_table_learning_rate
-                                               or _first_table_rate(config), *TABLE_RATES),
+                                               or pipeline_table_rate(config), *TABLE_RATES),
                   "embedding_l2": _nearest(baseline_embedding_l2(config), EMBEDDING_L2)}
         if ridge_applies(config.model):
             params["ridge"] = _nearest(baseline_ridge(config), RIDGE)
         return params
     return {"learning_rate": _clip(t.learning_rate, 1e-4, 1e-2),
             "batch_size": _nearest(config.data.batch_size, BATCH_SIZES),
-            "table_learning_rate": _clip(_first_table_rate(config), *TABLE_RATES),
+            "table_learning_rate": _clip(pipeline_table_rate(config), *TABLE_RATES),
             "embedding_dim": _nearest(config.model.embedding_dim, EMBEDDING_DIMS)}
 
 
