@@ -146,21 +146,19 @@ def _suggest_table_rate(trial) -> float:
 
 def pipeline_table_rate(config: PipelineConfig) -> float:
     """The pipeline's table learning rate as the one rate a study searches: the rate most
-    of its tables share (the first such table's on a tie). A table whose rate differs is
-    named in a warning, as the first trial then gives it that rate too: the pipeline's
-    own settings are then not exactly its first trial. (Taking the first table's rate
-    instead gave a pipeline whose first table never stores a row, at the default rate,
-    that rate for every table: a first trial far below the pipeline's own settings.)"""
-    rates = {name: t.optimizer.learning_rate for name, t in config.model.tables.items()}
-    values = list(rates.values())
-    rate = max(values, key=values.count)  # the first of the most common
-    differ = sorted(name for name, r in rates.items() if r != rate)
-    if differ:
-        log.warning("gmeta tune searches one learning rate for every table; the first trial "
-                    "gives every table %g, the rate of most of them, so these tables train "
-                    "at another rate than the pipeline gives them: %s", rate,
-                    ", ".join(f"{n} ({rates[n]:g})" for n in differ))
-    return rate
+    of its tables share (the first such table's on a tie). Taking the first table's rate
+    instead gave a pipeline whose first table never stores a row, left at the default
+    rate, that rate for every table: a first trial far below the pipeline's own settings."""
+    rates = [t.optimizer.learning_rate for t in config.model.tables.values()]
+    return max(rates, key=rates.count)  # the first of the most common
+
+
+def tables_at_another_rate(config: PipelineConfig) -> dict[str, float]:
+    """The tables whose rate is not ``pipeline_table_rate``: the first trial gives them that
+    rate too, so the pipeline's own settings are then not exactly its first trial."""
+    rate = pipeline_table_rate(config)
+    return {name: t.optimizer.learning_rate for name, t in config.model.tables.items()
+            if t.optimizer.learning_rate != rate}
 
 
 def _nearest(value, choices):
@@ -303,6 +301,13 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
     studies = {name: optuna.create_study(direction=direction, study_name=name,
                                          sampler=optuna.samplers.TPESampler(seed=seed + i))
                for i, name in enumerate(spaces)}
+    differ = tables_at_another_rate(config)
+    if differ:
+        log.warning("gmeta tune searches one learning rate for every table; the first trial "
+                    "gives every table %g, the rate of most of them, so these tables train "
+                    "at another rate than the pipeline gives them: %s",
+                    pipeline_table_rate(config),
+                    ", ".join(f"{n} ({r:g})" for n, r in sorted(differ.items())))
     for name, study in studies.items():
         study.enqueue_trial(pipeline_params(name if config.meta.enabled else "ctr", config))
     root = Path(config.run_dir) / "tune"

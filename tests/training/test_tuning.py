@@ -46,30 +46,23 @@ def test_each_study_searches_its_own_models_table_rate():
     assert not any(k.startswith("model.") for k in baseline)
 
 
-def test_the_first_trial_gives_every_table_the_rate_most_of_them_share(caplog):
+def test_the_first_trial_gives_every_table_the_rate_most_of_them_share():
     """A pipeline whose first table never stores a row (the default's user table) keeps
     the rate its learning tables share in the first trial, not that table's; a table at
-    another rate is named in a warning."""
+    another rate is named (gmeta tune warns with it)."""
     config = load_config("default", ["model.tables.user.learning_rate=0.01",
                                      "model.tables.age.learning_rate=0.2",
                                      "model.tables.item.learning_rate=0.2",
                                      "model.tables.category.learning_rate=0.2",
                                      "model.tables.genres.learning_rate=0.2"], tuned=False)
-    with caplog.at_level("WARNING", logger="gmeta_tf.training.tuning"):
-        meta = tuning._meta_space(optuna.trial.FixedTrial(
-            tuning.pipeline_params("model", config)), config)
-        baseline = tuning._baseline_space(
-            optuna.trial.FixedTrial(tuning.pipeline_params("baseline", config)), config)
+    meta = tuning._meta_space(optuna.trial.FixedTrial(
+        tuning.pipeline_params("model", config)), config)
+    baseline = tuning._baseline_space(
+        optuna.trial.FixedTrial(tuning.pipeline_params("baseline", config)), config)
     assert {meta[f"model.tables.{t}.learning_rate"] for t in config.model.tables} == {0.2}
     assert baseline["train.baseline_table_learning_rate"] == 0.2
-    assert "user (0.01)" in caplog.text and "age" not in caplog.text
-
-
-def test_no_warning_when_every_table_shares_its_rate(caplog):
-    config = load_config("movielens", tuned=False)
-    with caplog.at_level("WARNING", logger="gmeta_tf.training.tuning"):
-        tuning.pipeline_params("model", config)
-    assert "one learning rate for every table" not in caplog.text
+    assert tuning.tables_at_another_rate(config) == {"user": 0.01}
+    assert tuning.tables_at_another_rate(load_config("movielens", tuned=False)) == {}
 
 
 def test_ridge_is_searched_only_where_it_applies():
