@@ -35,9 +35,9 @@ baseline's learning rate, its tables' learning rate
 (``train.baseline_table_learning_rate``), its embedding penalty
 (``train.baseline_embedding_l2``, the same choices), fine-tuning rate and fine-tuning steps
 (the same range as k) and its own ridge strength (``eval.baseline_ridge``). A study's first
-trial gives every table the rate most of them share (``pipeline_table_rate``). A plain CTR pipeline (``meta.enabled:
-false``) searches its learning rate, its tables' learning rate, its batch size and its
-embedding width.
+trial gives every table the rate most of them share (``pipeline_table_rate``). A plain
+CTR pipeline (``meta.enabled: false``) searches its learning rate, its tables' learning
+rate, its batch size and its embedding width.
 
 The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train``,
 ``eval`` and ``export`` of that pipeline apply (below any ``--set``); every trial goes to
