@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from gmeta_tf.meta import metrics
-from gmeta_tf.training.references import (FeatureMean, ReferenceData, fit_linear,
-                                          fit_references)
+from gmeta_tf.training.references import (MF_FACTORS_CLICKS, MF_REGS_CLICKS, FeatureMean,
+                                          ReferenceData, fit_linear, fit_references)
 
 
 def _task_batch(items, labels, query_items, query_labels):
@@ -163,7 +163,50 @@ def test_factorisation_fold_in_learns_the_tasks_tastes_the_offset_model_cannot()
     mf = np.abs(refs.predictors[name](test) - truth).mean()
     offset = np.abs(refs.predictors["item mean + task offset"](test) - truth).mean()
     assert mf < 0.25 and mf < 0.5 * offset
-    # Without task ids on the training rows (or for clicks) there is no such reference.
+    # Without task ids on the training rows there is no such reference.
     plain = fit_references(data, [{k: w for k, w in train[0].items() if k != "task_id"}],
                            valid, tasks=True)
     assert name not in plain.predictors
+
+
+def test_factorisation_fold_in_of_clicks_ranks_by_the_tasks_tastes():
+    """Clicks of two taste groups (click rate 0.9 where the item suits the group, 0.1
+    where not): the item's click rate and a task's offset rank a new task's items at
+    chance, the fold-in of its support clicks ranks them by its taste. Its predictions
+    are probabilities, its settings chosen by log loss from the clicks' grid."""
+    rng = np.random.default_rng(0)
+    items = np.arange(40)
+    v = rng.choice([-1.0, 1.0], size=40)  # each item suits one group
+
+    def clicks(u, it):
+        return (rng.random(len(it)) < np.where(v[it] * u > 0, 0.9, 0.1)).astype(np.float64)
+    groups = [1.0, -1.0]
+    tasks, seen_items, ys = [], [], []
+    for t in range(200):
+        seen = rng.choice(items, 20, replace=False)
+        tasks += [t] * 20
+        seen_items += list(seen)
+        ys += list(clicks(groups[t % 2], seen))
+    train = [{"task_id": np.array(tasks), "item": np.array(seen_items), "y": np.array(ys)}]
+
+    def batch(n):
+        support, query, su, qu = [], [], [], []
+        for i in range(n):
+            seen = rng.choice(items, 16, replace=False)
+            support.append(seen[:12])
+            query.append(seen[12:])
+            su.append(clicks(groups[i % 2], seen[:12]))
+            qu.append(clicks(groups[i % 2], seen[12:]))
+        return _task_batch(support, su, query, qu)
+
+    valid, test = [batch(40)], batch(200)
+    data = ReferenceData("binary", "y", ("item",), ("item",))
+    refs = fit_references(data, train, valid, tasks=True)
+    name = "matrix factorisation fold-in"
+    assert refs.chosen[name]["reg"] in MF_REGS_CLICKS
+    assert refs.chosen[name]["factors"] in MF_FACTORS_CLICKS
+    truth = test["query"]["y"].ravel()
+    mf = refs.predictors[name](test).ravel()
+    assert ((mf > 0) & (mf < 1)).all()
+    offset = refs.predictors["item mean + task offset"](test).ravel()
+    assert metrics.auc(truth, mf) > 0.8 > metrics.auc(truth, offset) + 0.15
