@@ -22,8 +22,8 @@ models' settings are:
   squares on 0/1 labels, its predictions clipped into (0, 1)), chosen by log loss like
   every click reference, over a grid reaching lower L2s (``MF_REGS_CLICKS``: labels of
   variance at most 1/4 need a weaker penalty than ratings for the same fit) and over the
-  factor width too (``MF_FACTORS_CLICKS``: a 0/1 label says less than a rating, and on
-  the default pipeline's generated clicks 8 factors beat 32 on validation).
+  factor width too (``MF_FACTORS_CLICKS``: a 0/1 label says less than a rating; on the
+  default pipeline's generated clicks validation chose 4 factors, the generator's own).
 - ``logistic regression`` (binary labels): one weight per (feature, id) of every sparse
   feature the tower reads and one per dense input, plus a bias; Adagrad on log loss with
   an L2 penalty chosen on validation, and as many epochs as validation log loss improves.
@@ -51,7 +51,7 @@ L2_PENALTIES = (1e-6, 1e-5, 1e-4, 1e-3)
 MF_FACTORS = 32
 MF_REGS = (3.0, 10.0, 30.0)       # L2 of the factorisation's factors and biases
 MF_REGS_CLICKS = (1.0, 3.0, 10.0)  # the same, of 0/1 labels
-MF_FACTORS_CLICKS = (8, MF_FACTORS)  # factor widths chosen from, of 0/1 labels
+MF_FACTORS_CLICKS = (4, 8, MF_FACTORS)  # factor widths chosen from, of 0/1 labels
 MF_FOLD_IN = (0.3, 1.0, 3.0, 10.0, 30.0)  # ridge strength of a new task's factor and bias
 MF_SWEEPS = 6
 _EPS = 1e-3
