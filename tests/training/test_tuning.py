@@ -54,7 +54,8 @@ def test_the_first_trial_gives_every_table_the_rate_most_of_them_share():
                                      "model.tables.age.learning_rate=0.2",
                                      "model.tables.item.learning_rate=0.2",
                                      "model.tables.category.learning_rate=0.2",
-                                     "model.tables.genres.learning_rate=0.2"], tuned=False)
+                                     "model.tables.genres.learning_rate=0.2",
+                                     "train.baseline_table_learning_rate=null"], tuned=False)
     meta = tuning._meta_space(optuna.trial.FixedTrial(
         tuning.pipeline_params("model", config)), config)
     baseline = tuning._baseline_space(
