@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Callable, Iterable, Mapping, NamedTuple
+from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -369,17 +369,20 @@ class FoldInTask(NamedTuple):
         return model.fold_in(self.support, self.labels, self.mask, self.query, strength)
 
 
-def fold_in_grid(fit: Callable[[float], FactorModel], regs: Iterable[float],
+def fold_in_grid(fit: Callable[[Hashable], FactorModel], regs: Iterable[Hashable],
                  strengths: Iterable[float], tasks: list[FoldInTask], labels: np.ndarray,
                  total: Callable[[np.ndarray], np.ndarray] | None = None,
                  kind: str = "rating"
-                 ) -> tuple[dict[tuple[float, float], float], dict[float, FactorModel], int]:
-    """Each (L2, fold-in strength) pair's loss (``loss_of`` of ``kind``) on the real query
+                 ) -> tuple[dict[tuple[Hashable, float], float], dict[Hashable, FactorModel],
+                            int]:
+    """Each (fit, fold-in strength) pair's loss (``loss_of`` of ``kind``) on the real query
     rows of ``tasks`` (labels ``labels``, in ``query_rows`` order) of their fold-in at the
-    strength into the factorisation ``fit(L2)``: ``(losses keyed (L2, strength), the L2
-    outer; the factorisations by L2; rows)``. The first pair of lowest loss is the choice.
-    ``total`` (None: one process) sums ``[loss * rows of each pair..., rows]`` over ranks,
-    for the loss over every rank's rows. Without rows every loss is 0."""
+    strength into the factorisation ``fit(setting)``, a setting being an L2 or any key
+    ``fit`` reads (the clicks' reference passes (width, L2) pairs): ``(losses keyed
+    (setting, strength), the setting outer; the factorisations by setting; rows)``. The
+    first pair of lowest loss is the choice. ``total`` (None: one process) sums ``[loss *
+    rows of each pair..., rows]`` over ranks, for the loss over every rank's rows. Without
+    rows every loss is 0."""
     n = len(labels)
     keys, losses, models = [], [], {}
     for reg in regs:
@@ -413,7 +416,7 @@ def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
     task_ids = np.asarray(train[TASK_COLUMN])
     widths = MF_FACTORS_CLICKS if data.kind == "binary" else (MF_FACTORS,)
     regs = MF_REGS_CLICKS if data.kind == "binary" else MF_REGS
-    losses, models, _ = fold_in_grid(  # keyed by (width, L2) where the grid says L2
+    losses, models, _ = fold_in_grid(
         lambda fit: FactorModel(task_ids, items, labels, factors=fit[0], reg=fit[1],
                                 seed=seed),
         [(w, r) for w in widths for r in regs], MF_FOLD_IN,
@@ -466,8 +469,8 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
     names = {data.label, *data.candidates, *data.sparse, *data.dense}
     batches = iter(train_batches)
     head = next(batches, None)  # the first batch says whether rows carry their task
-    factorise = (tasks and data.kind in ("rating", "binary") and head is not None
-                 and TASK_COLUMN in head and "support" not in head)
+    factorise = (tasks and head is not None and TASK_COLUMN in head
+                 and "support" not in head)
     train = rows_of(itertools.chain([] if head is None else [head], batches),
                     names | ({TASK_COLUMN} if factorise else set()))
     labels = np.asarray(train[data.label], np.float64)
