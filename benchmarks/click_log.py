@@ -4,6 +4,7 @@ from ``../shared``, through the product path a user runs: ``gmeta tune`` -> ``gm
 
     python -m benchmarks.click_log [--logs criteo-categorical,movielens-clicks]
         [--seeds 0,1,2] [--trials 8] [--model-seeds 0,1,2,3,4] [--jobs 2] [--work DIR]
+        [--variant KEY=VALUE ...]
 
 Click logs (CSV with a header line, a training file and two files to score):
 
@@ -25,9 +26,15 @@ M trains again with the tuned settings (``model.seed`` and ``train.shuffle_seed`
 its own run directory) and is scored the same way: how far initial weights and batch
 order move the gap on files of about 400 rows.
 
+With ``--variant KEY=VALUE`` (repeatable), every run is trained a second time beside it,
+with the same tuned settings, split, model seed and batch order and those ``--set``s on
+top (e.g. ``model.start_from_linear=true``), in its own run directory, and scored the
+same way: the variant against the DLRM as tuned, paired run by run, in the same job.
+
 Reported: per log, split seed and model seed, the DLRM's AUC minus the logistic
-regression's on the validation rows and on each file; per log and file the mean gap and
-how many runs are at least level. The last line is JSON.
+regression's on the validation rows and on each file (and the variant's, with
+``--variant``); per log and file the mean gap and how many runs are at least level. The
+last line is JSON.
 """
 
 from __future__ import annotations
@@ -138,9 +145,22 @@ def _gaps(run_dir: Path) -> dict:
     return out
 
 
+def _train_and_score(log: Path, config: Path, sets: list[str]) -> None:
+    """``gmeta train --fresh`` and ``gmeta eval --validation`` of one run's ``--set``s."""
+    args = [a for s in sets for a in ("--set", s)]
+    _gmeta(log, "train", "--config", config.name, "--fresh", *args)
+    _gmeta(log, "eval", "--config", config.name, "--validation", *args)
+
+
+def _run_sets(split: str, run: str, data: str, m: int) -> list[str]:
+    return [split, f"run_dir={run}", f"data.path={data}/data", f"export.dir={run}/export",
+            f"model.seed={m}", f"train.shuffle_seed={m}"]
+
+
 def run_split_seed(log_name: str, features: list[str], work: Path, seed: int, trials: int,
-                   model_seeds: list[int]) -> list[dict]:
-    """Tune, train and score one split seed; retrain and score each further model seed."""
+                   model_seeds: list[int], variant: list[str]) -> list[dict]:
+    """Tune, train and score one split seed; retrain and score each further model seed;
+    with ``variant``, train and score each run again with those ``--set``s on top."""
     config = work / f"seed{seed}.yaml"
     run = f"runs/seed{seed}"
     config.write_text(yaml.safe_dump(readme_config(features, run),
@@ -155,25 +175,31 @@ def run_split_seed(log_name: str, features: list[str], work: Path, seed: int, tr
         other = f"runs/seed{seed}-model{m}"
         (work / other).mkdir(parents=True, exist_ok=True)
         shutil.copy(work / run / "tuned.yaml", work / other / "tuned.yaml")
-        sets = [a for s in (split, f"run_dir={other}", f"data.path={run}/data",
-                            f"export.dir={other}/export", f"model.seed={m}",
-                            f"train.shuffle_seed={m}") for a in ("--set", s)]
-        _gmeta(log, "train", "--config", config.name, "--fresh", *sets)
-        _gmeta(log, "eval", "--config", config.name, "--validation", *sets)
+        _train_and_score(log, config, _run_sets(split, other, run, m))
         results.append({"log": log_name, "split_seed": seed, "model_seed": m,
                         **_gaps(work / other)})
+    for r in results if variant else ():
+        m = r["model_seed"]
+        other = f"runs/seed{seed}-model{m}-variant"
+        (work / other).mkdir(parents=True, exist_ok=True)
+        shutil.copy(work / run / "tuned.yaml", work / other / "tuned.yaml")
+        _train_and_score(log, config, _run_sets(split, other, run, m) + variant)
+        r["variant"] = _gaps(work / other)
     for r in results:
         print(f"{log_name} split seed {seed} model seed {r['model_seed']}: "
               + ", ".join(f"{f} {r[f]['model_auc']:.4f} vs {r[f]['lr_auc']:.4f} "
-                          f"({r[f]['gap']:+.4f})" for f in FILES), flush=True)
+                          f"({r[f]['gap']:+.4f})" for f in FILES)
+              + ("; variant: " + ", ".join(f"{f} {r['variant'][f]['gap']:+.4f}" for f in FILES)
+                 if variant else ""), flush=True)
     return results
 
 
-def summarize(runs: list[dict], logs: list[str]) -> dict:
-    """Per log and file: mean gap, runs at least level, runs."""
+def summarize(runs: list[dict], logs: list[str], key=lambda r: r) -> dict:
+    """Per log and file: mean gap, runs at least level, runs (of ``key(run)``: the run
+    itself, or its variant)."""
     out = {}
     for log_name in logs:
-        mine = [r for r in runs if r["log"] == log_name]
+        mine = [key(r) for r in runs if r["log"] == log_name]
         out[log_name] = {f: {"mean_gap": statistics.mean(r[f]["gap"] for r in mine),
                              "at_least_level": sum(r[f]["gap"] >= 0 for r in mine),
                              "runs": len(mine)} for f in FILES}
@@ -190,7 +216,12 @@ def main() -> None:
                              "tuned settings (0: the tuned run itself)")
     parser.add_argument("--jobs", type=int, default=1, help="split seeds run at once")
     parser.add_argument("--work", help="keep the logs and runs here (default: a temporary dir)")
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                        help="train every run again with this --set on top (repeatable)")
     args = parser.parse_args()
+    for item in args.variant:
+        if "=" not in item:
+            parser.error(f"--variant {item}: expected KEY=VALUE")
     logs = [name for name in args.logs.split(",") if name]
     for name in logs:
         if name not in LOGS:
@@ -210,18 +241,22 @@ def main() -> None:
             features = LOGS[name](work)
             with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
                 for results in pool.map(lambda s: run_split_seed(name, features, work, s,
-                                                                 args.trials, model_seeds),
+                                                                 args.trials, model_seeds,
+                                                                 args.variant),
                                         seeds):
                     runs.extend(results)
     summary = summarize(runs, logs)
-    for name, files in summary.items():
-        print(f"{name}: DLRM AUC minus the logistic regression's, mean over "
-              f"{files['dev']['runs']} runs (runs at least level): "
-              + ", ".join(f"{f} {s['mean_gap']:+.4f} ({s['at_least_level']})"
-                          for f, s in files.items()), flush=True)
+    variant = summarize(runs, logs, key=lambda r: r["variant"]) if args.variant else None
+    for label, table in (("DLRM", summary), (f"variant {args.variant}", variant)):
+        for name, files in (table or {}).items():
+            print(f"{name}: {label} AUC minus the logistic regression's, mean over "
+                  f"{files['dev']['runs']} runs (runs at least level): "
+                  + ", ".join(f"{f} {s['mean_gap']:+.4f} ({s['at_least_level']})"
+                              for f, s in files.items()), flush=True)
     print(json.dumps({"benchmark": "click_log", "logs": logs, "split_seeds": seeds,
                       "model_seeds": model_seeds, "trials": args.trials,
-                      "summary": summary, "runs": runs}))
+                      "variant": args.variant, "summary": summary,
+                      "variant_summary": variant, "runs": runs}))
 
 
 if __name__ == "__main__":
