@@ -239,6 +239,17 @@ def test_plain_ctr_trains_on_every_warm_row_and_scores_every_test_row(clicks_run
     assert Path(work, "runs/my_clicks/export").is_dir()
 
 
+def test_the_click_example_starts_at_the_linear_model_and_validates_it_first(clicks_run):
+    """The example's DLRM starts at the logistic regression reference (the rows' linear
+    column, the deep part's last layer zeroed) and is validated before its first step, so
+    the linear model itself is a checkpoint the run may keep."""
+    work, *_, results = clicks_run
+    train = next(r for r in results if r.args[1] == "train")
+    out = train.stdout + train.stderr
+    assert "start_from_linear: the model starts at the linear model" in out
+    assert "step 0 validation (valid split" in out, out[-3000:]
+
+
 def _clicks_config(work: Path):
     """The click example's config as the README's commands read it in ``work`` (its
     relative paths made absolute there)."""
