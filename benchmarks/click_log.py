@@ -145,16 +145,21 @@ def _gaps(run_dir: Path) -> dict:
     return out
 
 
-def _train_and_score(log: Path, config: Path, sets: list[str]) -> None:
-    """``gmeta train --fresh`` and ``gmeta eval --validation`` of one run's ``--set``s."""
+def _retrain(log: Path, config: Path, tuned_run: str, other: str, split: str, m: int,
+             extra: tuple[str, ...] = ()) -> dict:
+    """Train the tuned run's settings again in run dir ``other`` (model seed and batch
+    order ``m``, its dataset, ``extra`` ``--set``s on top), score it as the tuned run is
+    scored, and return its gaps (``_gaps``)."""
+    work = config.parent
+    (work / other).mkdir(parents=True, exist_ok=True)
+    shutil.copy(work / tuned_run / "tuned.yaml", work / other / "tuned.yaml")
+    sets = [split, f"run_dir={other}", f"data.path={tuned_run}/data",
+            f"export.dir={other}/export", f"model.seed={m}", f"train.shuffle_seed={m}",
+            *extra]
     args = [a for s in sets for a in ("--set", s)]
     _gmeta(log, "train", "--config", config.name, "--fresh", *args)
     _gmeta(log, "eval", "--config", config.name, "--validation", *args)
-
-
-def _run_sets(split: str, run: str, data: str, m: int) -> list[str]:
-    return [split, f"run_dir={run}", f"data.path={data}/data", f"export.dir={run}/export",
-            f"model.seed={m}", f"train.shuffle_seed={m}"]
+    return _gaps(work / other)
 
 
 def run_split_seed(log_name: str, features: list[str], work: Path, seed: int, trials: int,
@@ -172,19 +177,12 @@ def run_split_seed(log_name: str, features: list[str], work: Path, seed: int, tr
     _gmeta(log, "eval", "--config", config.name, "--validation", "--set", split)
     results = [{"log": log_name, "split_seed": seed, "model_seed": 0, **_gaps(work / run)}]
     for m in (m for m in model_seeds if m != 0):
-        other = f"runs/seed{seed}-model{m}"
-        (work / other).mkdir(parents=True, exist_ok=True)
-        shutil.copy(work / run / "tuned.yaml", work / other / "tuned.yaml")
-        _train_and_score(log, config, _run_sets(split, other, run, m))
         results.append({"log": log_name, "split_seed": seed, "model_seed": m,
-                        **_gaps(work / other)})
+                        **_retrain(log, config, run, f"runs/seed{seed}-model{m}", split, m)})
     for r in results if variant else ():
         m = r["model_seed"]
-        other = f"runs/seed{seed}-model{m}-variant"
-        (work / other).mkdir(parents=True, exist_ok=True)
-        shutil.copy(work / run / "tuned.yaml", work / other / "tuned.yaml")
-        _train_and_score(log, config, _run_sets(split, other, run, m) + variant)
-        r["variant"] = _gaps(work / other)
+        r["variant"] = _retrain(log, config, run, f"runs/seed{seed}-model{m}-variant", split,
+                                m, tuple(variant))
     for r in results:
         print(f"{log_name} split seed {seed} model seed {r['model_seed']}: "
               + ", ".join(f"{f} {r[f]['model_auc']:.4f} vs {r[f]['lr_auc']:.4f} "
