@@ -149,9 +149,12 @@ class PriorSection:
     of the training split (alternating least squares, F factors): each value's bias is its
     prior and its factor vector is read by MeLU's output layer, so adapting that layer per
     user folds the user in; ``damping`` is then the factorisation's L2 strength and
-    ``fold_in`` the ridge strength of a new user's factor and bias in that fold-in (None:
-    each chosen on the validation split by the fold-in's loss, the pair from
-    ``references.MF_REGS`` x ``references.MF_FOLD_IN``). The ridge solve of both models
+    ``fold_in`` the ridge strength of a new user's factor and bias in that fold-in, and
+    ``fold_in_prior`` what it shrinks them toward: ``isotropic`` (zero, every coordinate
+    alike) or ``empirical`` (the training users' mean bias and factor, along their
+    covariance: the empirical-Bayes fold-in, ``references.FactorModel.with_fold_in_prior``).
+    None: each chosen on the validation split by the fold-in's loss, from
+    ``references.MF_REGS`` x ``references.FOLD_IN_PRIORS`` x ``references.MF_FOLD_IN``. The ridge solve of both models
     (``meta.ridge``, ``eval.baseline_ridge``) shrinks the output layer's weights on the
     factors and its bias at ``fold_in`` (the meta model from there, learned), its weights
     on the last hidden layer at the ridge strength. Each model's adapted output is then
@@ -171,6 +174,7 @@ class PriorSection:
     folds: int = field(5, min=1)
     factors: int = field(0, min=0)
     fold_in: float | None = field(None, min_exclusive=0.0)
+    fold_in_prior: Literal["isotropic", "empirical"] | None = None
     blend: float | None = field(None, min=0.0, max=1.0)
     factors_in_output: bool = True
 

@@ -35,10 +35,10 @@ user's factor against the items' fixed factors, the matrix-factorisation referen
 a part of the tower, with the MLP beside it to learn what the factorisation misses. Out
 of fold as the means are: a training row reads factors fitted without its fold's tasks.
 
-The table is variables (the values' ids, sorted; their priors plus a last 0 for unknown
-ids; with folds, the out-of-fold priors; with factors, their rows likewise) read with
-stock ops (``lookup_sorted``), so it lives in checkpoints and in the exported SavedModel
-as the dense weights do.
+The table is variables (the values' ids, sorted; their priors plus a last row for unknown
+ids, 0 but under a factorisation's empirical fold-in prior; with folds, the out-of-fold
+priors; with factors, their rows likewise) read with stock ops (``lookup_sorted``), so
+it lives in checkpoints and in the exported SavedModel as the dense weights do.
 """
 
 from __future__ import annotations
@@ -147,11 +147,13 @@ class LabelPrior(tf.Module):
 
     def assign(self, ids: np.ndarray, priors: np.ndarray, damping: float,
                fold_priors: np.ndarray | None = None, factors: np.ndarray | None = None,
-               fold_factors: np.ndarray | None = None, fold_in: float | None = None) -> None:
+               fold_factors: np.ndarray | None = None, fold_in: float | None = None,
+               unknown: float = 0.0) -> None:
         """Sets the prior of each id (any order; ids must be distinct) and, with folds,
         ``fold_priors [folds, n]``: each id's prior fitted without fold k's tasks; with
         ``factors`` F > 0, also ``factors [n, F]``, (folds) ``fold_factors [folds, n, F]``
-        and the fold-in strength ``fold_in`` (None: the damping)."""
+        and the fold-in strength ``fold_in`` (None: the damping). ``unknown`` is the prior
+        of an id not in ``ids`` (its factors are 0), in every fold alike."""
         ids = np.asarray(ids, np.int64)
         order = np.argsort(ids, kind="stable")
         ids, priors = ids[order], np.asarray(priors, np.float32)[order]
@@ -164,13 +166,14 @@ class LabelPrior(tf.Module):
                 raise ValueError(f"LabelPrior({self.feature!r}): fold_priors of shape {shape}, "
                                  f"expected ({self.folds}, {len(ids)}), a prior per fold and id")
             folded = np.asarray(fold_priors, np.float32)[:, order]
-            folded = np.concatenate([folded, np.zeros((self.folds, 1), np.float32)], axis=1)
+            folded = np.concatenate([folded, np.full((self.folds, 1), unknown, np.float32)],
+                                    axis=1)
         if not (np.all(np.isfinite(priors)) and np.all(np.isfinite(folded))):
             raise ValueError(f"LabelPrior({self.feature!r}): non-finite priors")
         if self.factors:
             rows, fold_rows = self._factor_rows(order, factors, fold_factors)
         self.ids.assign(ids)
-        self.values.assign(np.concatenate([priors, np.zeros(1, np.float32)]))
+        self.values.assign(np.concatenate([priors, np.full(1, unknown, np.float32)]))
         self.fold_values.assign(folded)
         if self.factors:
             self.factor_rows.assign(rows)

@@ -13,12 +13,16 @@ from each rank's loss on its own shard, summed.
 A prior with factors (``model.prior.factors``) is a matrix factorisation instead, fitted
 by alternating least squares on the training rows of every rank (each rank's rows of the
 feature, label and task are gathered; the rows, not the table, cross the network, so it
-suits ratings of a few million rows). Its L2 strength and the fold-in strength, unless
-configured, are the pair of ``references.MF_REGS`` x ``references.MF_FOLD_IN`` whose
-fold-in (each validation task's bias and factor the ridge fit of its support rows at the
-fold-in strength, on the items' factors at the L2) has the lowest loss on the validation
-tasks' query rows, each rank scoring its own: the factorisation reference's search
-(``references.fold_in_grid``), its losses summed over the ranks.
+suits ratings of a few million rows). Its L2 strength, the fold-in strength and the
+fold-in prior, unless configured, are the ones of ``references.MF_REGS`` x
+``references.FOLD_IN_PRIORS`` x ``references.MF_FOLD_IN`` whose fold-in (each validation
+task's bias and factor the ridge fit of its support rows at the fold-in strength, on the
+items' factors at the L2, under the isotropic or the empirical-Bayes prior) has the lowest
+loss on the validation tasks' query rows, each rank scoring its own: the factorisation
+reference's search (``references.fold_in_grid``), its losses summed over the ranks. The
+prior's factors and biases are the items' under the chosen prior
+(``FactorModel.with_fold_in_prior``), so the tower's fold-in and its ridge solve shrink a
+new task as the reference does.
 Every rank fits the same rows in the same order; rank 0's result is then broadcast so the
 ranks' priors are equal to the bit.
 """
@@ -35,8 +39,9 @@ from gmeta_tf import distributed
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.label_prior import LabelPrior
-from gmeta_tf.training.references import (DAMPINGS, MF_FOLD_IN, MF_REGS, FactorModel,
-                                          FeatureMean, FoldInTask, fold_in_grid, loss_of,
+from gmeta_tf.training.references import (DAMPINGS, FOLD_IN_PRIORS, MF_FOLD_IN, MF_REGS,
+                                          FactorModel, FeatureMean, FoldInTask,
+                                          factorisations, fold_in_grid, loss_of,
                                           query_rows, rows_of)
 
 log = logging.getLogger(__name__)
@@ -134,10 +139,12 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
     every = np.ones(len(labels), bool)
     section = config.model.prior
     reg, strength, losses = section.damping, section.fold_in, {}
+    fold_in_prior = section.fold_in_prior
     split = config.train.validation_split
-    if reg is None or strength is None:
+    if reg is None or strength is None or fold_in_prior is None:
         names = [feature, label]
-        unset = "damping" if reg is None else "fold_in"
+        unset = ("damping" if reg is None else "fold_in" if strength is None
+                 else "fold_in_prior")
         valid = _read_validation(
             lambda: [{role: {k: np.asarray(v) for k, v in batch[role].items()}
                       for role in ("support", "query")}
@@ -145,21 +152,24 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
             "the factorisation's L2 and fold-in strength", "model.prior.damping and "
             "model.prior.fold_in", key=unset)
         losses, models, rows = fold_in_grid(
-            lambda r: fit(every, r), MF_REGS if reg is None else (reg,),
+            factorisations(lambda r: fit(every, r)),
+            [(r, p) for r in (MF_REGS if reg is None else (reg,))
+             for p in (FOLD_IN_PRIORS if fold_in_prior is None else (fold_in_prior,))],
             MF_FOLD_IN if strength is None else (strength,),
             [FoldInTask.of(b, feature, label) for b in valid],
             query_rows(valid, [label])[label], total=distributed.sum_over_ranks)
         if not rows:
             raise ConfigError(f"config key 'model.prior.{unset}' = None is not allowed: the "
                               f"validation split {split!r} has no query rows to choose the "
-                              f"factorisation's L2 and fold-in strength on; set "
-                              f"model.prior.damping and model.prior.fold_in, e.g. 10 and 3")
-        reg, strength = min(losses, key=losses.get)
-        whole = models[reg]
+                              f"factorisation's L2, fold-in strength and fold-in prior on; "
+                              f"set model.prior.damping, model.prior.fold_in and "
+                              f"model.prior.fold_in_prior, e.g. 10, 3 and empirical")
+        (reg, fold_in_prior), strength = min(losses, key=losses.get)
+        whole = models[(reg, fold_in_prior)]
     else:
-        whole = fit(every, reg)
+        whole = fit(every, reg).with_fold_in_prior(fold_in_prior)
     keys = whole.keys
-    folds = [fit(np.mod(tasks, prior.folds) != k, reg)
+    folds = [fit(np.mod(tasks, prior.folds) != k, reg).with_fold_in_prior(fold_in_prior)
              for k in range(prior.folds if prior.folds > 1 else 0)]
 
     def bias_and_factors(model):  # the prior of ``keys`` relative to the whole split's mean
@@ -169,16 +179,19 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
     fold_parts = [bias_and_factors(m) for m in folds]
     prior.assign(keys, whole.biases, reg,
                  np.stack([b for b, _ in fold_parts]) if folds else None, whole.factors,
-                 np.stack([q for _, q in fold_parts]) if folds else None, fold_in=strength)
+                 np.stack([q for _, q in fold_parts]) if folds else None, fold_in=strength,
+                 unknown=whole.unknown_bias)
     variables = [prior.ids, prior.values, prior.fold_values, prior.factor_rows,
                  prior.fold_factor_rows, prior.damping, prior.fold_in]
     distributed.broadcast_variables(variables)
     log.info("label prior of %r: a matrix factorisation with %d factors of %d values from %d "
-             "training rows (mean %.4g), L2 %g, a new task folded in at strength %g, %s%s",
+             "training rows (mean %.4g), L2 %g, a new task folded in at strength %g under "
+             "the %s prior, %s%s",
              feature, prior.factors, len(keys), len(labels), whole.mean, reg, strength,
+             fold_in_prior,
              f"training rows read it out of {prior.folds} folds of tasks"
              if folds else "training rows read it with their own labels",
-             f" (validation fold-in MAE per (L2, strength): "
+             f" (validation fold-in MAE per ((L2, prior), strength): "
              f"{ {k: round(v, 5) for k, v in losses.items()} })" if losses else "")
     return losses
 

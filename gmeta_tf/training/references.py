@@ -17,8 +17,13 @@ models' settings are:
   their ``task_id``): a biased matrix factorisation ``mean + b_item + b_task + p_task .
   q_item`` of the training rows by alternating least squares (``MF_FACTORS`` factors, L2
   ``reg``); a new task's bias and factor are the ridge fit (strength ``fold_in``) of its
-  support residuals on the item factors, the classic fold-in of a new user. ``reg`` and
-  ``fold_in`` are chosen on validation. Of clicks it is a linear probability model (least
+  support residuals on the item factors, the classic fold-in of a new user. The fold-in's
+  prior over the new task's bias and factor is either ``isotropic`` (zero mean, the same
+  strength on every coordinate: plain ridge) or ``empirical`` (the mean and covariance of
+  the training tasks' fitted biases and factors: the empirical-Bayes fold-in, which
+  shrinks a new task toward the typical task rather than toward zero, along the
+  directions in which tasks differ; ``FactorModel.with_fold_in_prior``). ``reg``,
+  ``fold_in`` and the prior are chosen on validation. Of clicks it is a linear probability model (least
   squares on 0/1 labels, its predictions clipped into (0, 1)), chosen by log loss like
   every click reference, over a grid reaching lower L2s (``MF_REGS_CLICKS``: labels of
   variance at most 1/4 need a weaker penalty than ratings for the same fit) and over the
@@ -34,6 +39,7 @@ predictions, or a row batch to ``[B]``, like the models' predict functions.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import logging
@@ -54,6 +60,8 @@ MF_REGS_CLICKS = (1.0, 3.0, 10.0)  # the same, of 0/1 labels
 MF_FACTORS_CLICKS = (4, 8, MF_FACTORS)  # factor widths chosen from, of 0/1 labels
 MF_FOLD_IN = (0.3, 1.0, 3.0, 10.0, 30.0)  # ridge strength of a new task's factor and bias
 MF_SWEEPS = 6
+#: A new task's prior in the fold-in (``FactorModel.with_fold_in_prior``), both tried.
+FOLD_IN_PRIORS = ("isotropic", "empirical")
 _EPS = 1e-3
 
 
@@ -296,7 +304,9 @@ def _ridge_per_group(groups: list[np.ndarray], factors: np.ndarray, targets: np.
 class FactorModel:
     """A biased matrix factorisation of ratings, fitted by alternating least squares:
     ``mean + b_item + b_task + p_task . q_item`` with L2 ``reg`` on every factor and bias.
-    Only the items' part is kept: a new task is folded in from its own rows.
+    The items' part is kept, and of the tasks only the mean and covariance of their
+    fitted biases and factors (``with_fold_in_prior``): a new task is folded in from its
+    own rows.
 
     Args:
         tasks, items, labels: The training rows.
@@ -326,12 +336,52 @@ class FactorModel:
             p, b_task = _ridge_per_group(by_task, q[item_of], targets - b_item[item_of], eye)
             q, b_item = _ridge_per_group(by_item, p[task_of], targets - b_task[task_of], eye)
         self.factors, self.biases = q, b_item
+        # the tasks' half-step against the final items: the training tasks as fitted
+        p, b_task = _ridge_per_group(by_task, q[item_of], targets - b_item[item_of], eye)
+        self._task_moments = (p.mean(axis=0), np.cov(p, rowvar=False).reshape(factors, factors),
+                              float(b_task.mean()), float(b_task.var())) if len(p) > 1 else None
+        self.fold_in_prior = "isotropic"
+        self.unknown_bias = 0.0  # an item not in training: no factors, this bias
+
+    def with_fold_in_prior(self, prior: str) -> "FactorModel":
+        """This factorisation with a new task folded in under ``prior``:
+
+        - ``isotropic``: itself. The fold-in's ridge shrinks the task's bias and every
+          factor coordinate toward 0 at one strength.
+        - ``empirical``: the empirical-Bayes fold-in. The training tasks' fitted biases
+          and factors have mean ``(m_b, m_p)``, bias variance ``v`` and factor covariance
+          ``C``; the items are re-expressed so that the same isotropic ridge is the prior
+          ``b ~ N(m_b, v s')``, ``p ~ N(m_p, C s')`` (``s'`` set by the fold-in strength):
+          factors ``q L`` with ``L L^T = C / v``, biases ``b_item + q . m_p + m_b`` (an
+          unknown item's ``m_b``). A new task then starts at the typical task and moves
+          along the directions in which tasks differ. Its predictions differ from the
+          isotropic fold-in's; the training tasks' fit is the same.
+
+        Raises:
+            ValueError: ``prior`` is not one of ``FOLD_IN_PRIORS``.
+        """
+        if prior not in FOLD_IN_PRIORS:
+            raise ValueError(f"FactorModel.with_fold_in_prior: prior={prior!r}, expected one "
+                             f"of {FOLD_IN_PRIORS}")
+        moments = self._task_moments
+        if prior == "isotropic" or moments is None or not moments[3] > 0.0:
+            return self  # fewer than two tasks, or none that differ: nothing to estimate
+        mean_p, cov_p, mean_b, var_b = moments
+        scaled = cov_p / var_b
+        jitter = 1e-6 * max(float(np.trace(scaled)) / len(scaled), 1e-12)
+        chol = np.linalg.cholesky(scaled + jitter * np.eye(len(scaled)))
+        out = copy.copy(self)
+        out.factors = self.factors @ chol
+        out.biases = self.biases + self.factors @ mean_p + mean_b
+        out.unknown_bias, out.fold_in_prior = mean_b, prior
+        return out
 
     def item(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Factors and biases of ``items`` (zero for an item not in training)."""
+        """Factors and biases of ``items`` (an item not in training: zero factors and
+        ``unknown_bias``)."""
         pos, known = sorted_lookup(self.keys, items)
         return (np.where(known[..., None], self.factors[pos], 0.0),
-                np.where(known, self.biases[pos], 0.0))
+                np.where(known, self.biases[pos], self.unknown_bias))
 
     def fold_in(self, items: np.ndarray, labels: np.ndarray, mask: np.ndarray,
                 query: np.ndarray, strength: float) -> np.ndarray:
@@ -343,6 +393,21 @@ class FactorModel:
         w = np.linalg.solve(gram, np.einsum("tsi,ts->ti", x, residual)[..., None])[..., 0]
         qq, bq = self.item(query)
         return self.mean + bq + np.einsum("tqi,ti->tq", qq, w[:, :-1]) + w[:, -1:]
+
+
+def factorisations(fit: Callable[[Hashable], FactorModel]
+                   ) -> Callable[[tuple], FactorModel]:
+    """``fit`` of a setting -> a function of ``(*setting, prior)`` giving that fit under
+    each fold-in prior, fitting each setting once (the prior changes no fit)."""
+    fitted: dict[Hashable, FactorModel] = {}
+
+    def under(key: tuple) -> FactorModel:
+        *setting, prior = key
+        setting = setting[0] if len(setting) == 1 else tuple(setting)
+        if setting not in fitted:
+            fitted[setting] = fit(setting)
+        return fitted[setting].with_fold_in_prior(prior)
+    return under
 
 
 class FoldInTask(NamedTuple):
@@ -378,7 +443,8 @@ def fold_in_grid(fit: Callable[[Hashable], FactorModel], regs: Iterable[Hashable
     """Each (fit, fold-in strength) pair's loss (``loss_of`` of ``kind``) on the real query
     rows of ``tasks`` (labels ``labels``, in ``query_rows`` order) of their fold-in at the
     strength into the factorisation ``fit(setting)``, a setting being an L2 or any key
-    ``fit`` reads (the clicks' reference passes (width, L2) pairs): ``(losses keyed
+    ``fit`` reads (the reference passes (width, L2, fold-in prior) triples, the factor
+    prior (L2, fold-in prior) pairs): ``(losses keyed
     (setting, strength), the setting outer; the factorisations by setting; rows)``. The
     first pair of lowest loss is the choice. ``total`` (None: one process) sums ``[loss *
     rows of each pair..., rows]`` over ranks, for the loss over every rank's rows. Without
@@ -417,16 +483,17 @@ def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
     widths = MF_FACTORS_CLICKS if data.kind == "binary" else (MF_FACTORS,)
     regs = MF_REGS_CLICKS if data.kind == "binary" else MF_REGS
     losses, models, _ = fold_in_grid(
-        lambda fit: FactorModel(task_ids, items, labels, factors=fit[0], reg=fit[1],
-                                seed=seed),
-        [(w, r) for w in widths for r in regs], MF_FOLD_IN,
+        factorisations(lambda fit: FactorModel(task_ids, items, labels, factors=fit[0],
+                                               reg=fit[1], seed=seed)),
+        [(w, r, p) for w in widths for r in regs for p in FOLD_IN_PRIORS], MF_FOLD_IN,
         [task(b) for b in valid_batches], valid_labels, kind=data.kind)
     fit, strength = min(losses, key=losses.get)
     model = models[fit]
 
     def predict(batch: Mapping) -> np.ndarray:
         return _clip(data.kind, task(batch).predict(model, strength))
-    return predict, {"factors": fit[0], "reg": fit[1], "fold_in": strength}
+    return predict, {"factors": fit[0], "reg": fit[1], "fold_in": strength,
+                     "fold_in_prior": fit[2]}
 
 
 @dataclasses.dataclass

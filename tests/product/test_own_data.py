@@ -172,7 +172,8 @@ def test_the_factor_prior_is_the_factorisation_of_every_ranks_warm_rows(ratings_
     factorisation of all of them, at the L2 chosen on validation."""
     from gmeta_tf.data.schema import TASK_COLUMN
     from gmeta_tf.training.cold_start import restore_models
-    from gmeta_tf.training.references import MF_FOLD_IN, MF_REGS, FactorModel, rows_of
+    from gmeta_tf.training.references import (FOLD_IN_PRIORS, MF_FOLD_IN, MF_REGS,
+                                              FactorModel, rows_of)
 
     _, _, config, _ = ratings_run
     prior = restore_models(config)[0].model.tower.prior
@@ -182,10 +183,13 @@ def test_the_factor_prior_is_the_factorisation_of_every_ranks_warm_rows(ratings_
     assert float(prior.fold_in_strength().numpy()) in MF_FOLD_IN
     rows = rows_of(meta_io.TaskDataset(config.data.path, "warm", rank=0, size=1).rows(4096),
                    ["item_id", "rating", TASK_COLUMN])
-    fitted = FactorModel(rows[TASK_COLUMN], rows["item_id"], rows["rating"],
-                         factors=prior.factors, reg=reg)
+    als = FactorModel(rows[TASK_COLUMN], rows["item_id"], rows["rating"],
+                      factors=prior.factors, reg=reg)
+    # the items under the fold-in prior chosen with them (the same fit either way)
+    fitted, = [m for m in map(als.with_fold_in_prior, FOLD_IN_PRIORS)
+               if np.allclose(prior.values.numpy()[:-1], m.biases, atol=1e-4)]
     np.testing.assert_array_equal(prior.ids.numpy(), fitted.keys)
-    np.testing.assert_allclose(prior.values.numpy()[:-1], fitted.biases, atol=1e-4)
+    np.testing.assert_allclose(prior.values.numpy()[-1], fitted.unknown_bias, atol=1e-6)
     np.testing.assert_allclose(prior.factor_rows.numpy()[:-1], fitted.factors, atol=1e-4)
     assert np.abs(fitted.factors).max() > 1e-3  # factors, not zeros
     folded = prior.fold_factor_rows.numpy()

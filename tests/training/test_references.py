@@ -158,7 +158,7 @@ def test_factorisation_fold_in_learns_the_tasks_tastes_the_offset_model_cannot()
     data = ReferenceData("rating", "y", ("item",), ("item",))
     refs = fit_references(data, train, valid, tasks=True)
     name = "matrix factorisation fold-in"
-    assert set(refs.chosen[name]) == {"factors", "reg", "fold_in"}
+    assert set(refs.chosen[name]) == {"factors", "reg", "fold_in", "fold_in_prior"}
     truth = test["query"]["y"]
     mf = np.abs(refs.predictors[name](test) - truth).mean()
     offset = np.abs(refs.predictors["item mean + task offset"](test) - truth).mean()
@@ -167,6 +167,84 @@ def test_factorisation_fold_in_learns_the_tasks_tastes_the_offset_model_cannot()
     plain = fit_references(data, [{k: w for k, w in train[0].items() if k != "task_id"}],
                            valid, tasks=True)
     assert name not in plain.predictors
+
+
+def _two_taste_ratings(rng, v, tasks: int, rows: int):
+    """Ratings ``3 + u_t . v_i`` of the items ``v [40, 2]``, every task of one of two
+    tastes: the tasks' factors lie on one line, so one rating of a new task tells its taste
+    to a fold-in that knows it (the empirical prior) and not to one shrinking every
+    direction alike."""
+    groups = np.array([[1.0, 0.0], [0.0, 1.0]])
+    task_ids = np.repeat(np.arange(tasks), rows)
+    items = np.concatenate([rng.choice(40, rows, replace=False) for _ in range(tasks)])
+    ratings = 3.0 + np.sum(v[items] * groups[task_ids % 2], axis=1)
+    return task_ids, items, ratings
+
+
+def test_the_empirical_fold_in_is_the_bayes_fit_under_the_training_tasks_moments():
+    """``with_fold_in_prior("empirical")``: the isotropic ridge on its re-expressed items is
+    the fit of a new task's bias and factor under the prior ``N(mean, covariance)`` of the
+    training tasks' fitted ones (bias and factor independent, at the bias' variance),
+    computed here directly; an item not in training gets the typical task's bias."""
+    from gmeta_tf.training.references import FactorModel
+
+    rng = np.random.default_rng(1)
+    tasks, items, ratings = _two_taste_ratings(rng, rng.choice([-1.0, 1.0], (40, 2)), 80, 15)
+    iso = FactorModel(tasks, items, ratings + rng.normal(0, 0.3, len(ratings)), factors=3,
+                      reg=3.0)
+    emp = iso.with_fold_in_prior("empirical")
+    assert iso.with_fold_in_prior("isotropic") is iso and emp.fold_in_prior == "empirical"
+    with pytest.raises(ValueError, match="prior='flat'"):
+        iso.with_fold_in_prior("flat")
+    mean_p, cov_p, mean_b, var_b = iso._task_moments
+    support, labels = np.array([[1, 2, 3]]), np.array([[4.0, 2.0, 5.0]])
+    query, strength = np.array([[5, 6, 7, 99]]), 2.0  # 99: not in training
+    q, b = iso.item(support[0])
+    x = np.hstack([q, np.ones((3, 1))])
+    scaled = cov_p / var_b
+    precision = np.zeros((4, 4))
+    precision[:3, :3] = np.linalg.inv(scaled + 1e-6 * np.trace(scaled) / 3 * np.eye(3))
+    precision[3, 3] = 1.0
+    prior_mean = np.append(mean_p, mean_b)
+    fit = np.linalg.solve(x.T @ x + strength * precision,
+                          x.T @ (labels[0] - iso.mean - b) + strength * precision @ prior_mean)
+    qq, bq = iso.item(query[0])
+    want = iso.mean + bq + np.hstack([qq, np.ones((4, 1))]) @ fit
+    got = emp.fold_in(support, labels, np.ones((1, 3)), query, strength)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    assert emp.item(np.array([99]))[1][0] == mean_b != 0.0
+
+
+def test_the_reference_folds_in_under_the_prior_validation_chooses():
+    """Two tastes, new tasks with two support ratings: the empirical prior's fold-in
+    knows a task's taste from them where the isotropic one barely moves, and validation
+    chooses it for the reference."""
+    from gmeta_tf.training.references import FactorModel
+
+    rng = np.random.default_rng(2)
+    v = rng.choice([-1.0, 1.0], (40, 2))
+    tasks, items, ratings = _two_taste_ratings(rng, v, 160, 20)
+    train = [{"task_id": tasks, "item": items, "y": ratings}]
+
+    def batch(n: int):
+        _, it, y = _two_taste_ratings(rng, v, n, 6)
+        it, y = it.reshape(n, 6), y.reshape(n, 6)
+        return _task_batch(it[:, :2], y[:, :2], it[:, 2:], y[:, 2:])
+
+    valid, test = [batch(40)], batch(200)
+    data = ReferenceData("rating", "y", ("item",), ("item",))
+    refs = fit_references(data, train, valid, tasks=True)
+    name = "matrix factorisation fold-in"
+    chosen = refs.chosen[name]
+    assert chosen["fold_in_prior"] == "empirical"
+    truth = test["query"]["y"]
+    mae = np.abs(refs.predictors[name](test) - truth).mean()
+    iso = FactorModel(tasks, items, ratings, factors=chosen["factors"], reg=chosen["reg"])
+    support = test["support"]
+    iso_mae = min(np.abs(np.clip(iso.fold_in(support["item"], support["y"], support["mask"],
+                                             test["query"]["item"], s), 1, 5) - truth).mean()
+                  for s in (0.3, 1.0, 3.0, 10.0, 30.0))  # its best strength, on test itself
+    assert mae < 0.85 * iso_mae
 
 
 def test_factorisation_fold_in_of_clicks_ranks_by_the_tasks_tastes():
