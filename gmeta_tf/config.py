@@ -145,8 +145,8 @@ class PriorSection:
     own label, as a new task's rows are never counted (1: every row reads the prior of
     all training rows, its own label included).
 
-    With ``factors`` F > 0 (MeLU, rating head) the prior is a biased matrix factorisation
-    of the training split (alternating least squares, F factors): each value's bias is its
+    With ``factors`` F > 0 (MeLU, rating head) the prior is a biased matrix factorisation of
+    the training split (alternating least squares, F factors): each value's bias is its
     prior and its factor vector is read by MeLU's output layer, so adapting that layer per
     user folds the user in; ``damping`` is then the factorisation's L2 strength and
     ``fold_in`` the ridge strength of a new user's factor and bias in that fold-in, and
@@ -154,20 +154,20 @@ class PriorSection:
     alike) or ``empirical`` (the training users' mean bias and factor, along their
     covariance: the empirical-Bayes fold-in, ``references.FactorModel.with_fold_in_prior``).
     None: each chosen on the validation split by the fold-in's loss, from
-    ``references.MF_REGS`` x ``references.FOLD_IN_PRIORS`` x ``references.MF_FOLD_IN``. The ridge solve of both models
-    (``meta.ridge``, ``eval.baseline_ridge``) shrinks the output layer's weights on the
-    factors and its bias at ``fold_in`` (the meta model from there, learned), its weights
-    on the last hidden layer at the ridge strength. Each model's adapted output is then
-    blended with the factorisation's own fold-in: ``blend * adapted + (1 - blend) *
-    fold-in`` (the factorisation alone holds less noise; a network trained on the
-    training users' query rows trusts itself more than new users bear out). ``blend``
-    None: chosen for each model at every validation, the weight with the least squared
-    error on the validation query rows moved toward 0.5 by at most one standard error
-    (``evaluation.chosen_blend``), in [0, 1]; 1: no blend. ``factors_in_output`` false
-    keeps the factors out of the tower: the output layer reads the last hidden layer
-    alone (the item's bias still under it) and the factors serve only the fold-in that
-    the adapted predictions are blended with, so the network and the factorisation err
-    apart (both models alike)."""
+    ``references.MF_REGS`` x ``references.FOLD_IN_PRIORS`` x ``references.MF_FOLD_IN``. The
+    ridge solve of both models (``meta.ridge``, ``eval.baseline_ridge``) shrinks the output
+    layer's weights on the factors and its bias at ``fold_in`` (the meta model from there,
+    learned), its weights on the last hidden layer at the ridge strength. Each model's
+    adapted output is then blended with the factorisation's own fold-in: ``blend * adapted +
+    (1 - blend) * fold-in`` (the factorisation alone holds less noise; a network trained on
+    the training users' query rows trusts itself more than new users bear out). ``blend``
+    None: chosen for each model at every validation, the weight with the least squared error
+    on the validation query rows moved toward 0.5 by at most one standard error
+    (``evaluation.chosen_blend``), in [0, 1]; 1: no blend. ``factors_in_output`` false keeps
+    the factors out of the tower: the output layer reads the last hidden layer alone (the
+    item's bias still under it) and the factors serve only the fold-in that the adapted
+    predictions are blended with, so the network and the factorisation err apart (both
+    models alike)."""
 
     feature: str = ""
     damping: float | None = field(None, min=0.0)
@@ -772,6 +772,10 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("model.prior.blend", model.prior.blend,
                     "None without model.prior.factors (the blend is with the factorisation's "
                     "fold-in)")
+    if (model.prior is not None and model.prior.fold_in_prior is not None
+            and not model.prior.factors):
+        raise _fail("model.prior.fold_in_prior", model.prior.fold_in_prior,
+                    "None without model.prior.factors (there is no fold-in)")
     for f in config.meta.adapt_embeddings:
         if f not in tower_sparse:
             raise _fail("meta.adapt_embeddings", list(config.meta.adapt_embeddings),

@@ -20,15 +20,15 @@ models' settings are:
   support residuals on the item factors, the classic fold-in of a new user. The fold-in's
   prior over the new task's bias and factor is either ``isotropic`` (zero mean, the same
   strength on every coordinate: plain ridge) or ``empirical`` (the mean and covariance of
-  the training tasks' fitted biases and factors: the empirical-Bayes fold-in, which
-  shrinks a new task toward the typical task rather than toward zero, along the
-  directions in which tasks differ; ``FactorModel.with_fold_in_prior``). ``reg``,
-  ``fold_in`` and the prior are chosen on validation. Of clicks it is a linear probability model (least
-  squares on 0/1 labels, its predictions clipped into (0, 1)), chosen by log loss like
-  every click reference, over a grid reaching lower L2s (``MF_REGS_CLICKS``: labels of
-  variance at most 1/4 need a weaker penalty than ratings for the same fit) and over the
-  factor width too (``MF_FACTORS_CLICKS``: a 0/1 label says less than a rating; on the
-  default pipeline's generated clicks validation chose 4 factors, the generator's own).
+  the training tasks' fitted biases and factors: the empirical-Bayes fold-in, which shrinks
+  a new task toward the typical task rather than toward zero, along the directions in which
+  tasks differ; ``FactorModel.with_fold_in_prior``). ``reg``, ``fold_in`` and the prior are
+  chosen on validation. Of clicks it is a linear probability model (least squares on 0/1
+  labels, its predictions clipped into (0, 1)), chosen by log loss like every click
+  reference, over a grid reaching lower L2s (``MF_REGS_CLICKS``: labels of variance at most
+  1/4 need a weaker penalty than ratings for the same fit) and over the factor width too
+  (``MF_FACTORS_CLICKS``: a 0/1 label says less than a rating; on the default pipeline's
+  generated clicks validation chose 4 factors, the generator's own).
 - ``logistic regression`` (binary labels): one weight per (feature, id) of every sparse
   feature the tower reads and one per dense input, plus a bias; Adagrad on log loss with
   an L2 penalty chosen on validation, and as many epochs as validation log loss improves.

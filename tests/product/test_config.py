@@ -104,6 +104,11 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
     ("model.prior={feature: item_id, blend: 0.5}", "'model.prior.blend' = 0.5 is not "
                                                    "allowed: expected None without "
                                                    "model.prior.factors"),
+    ("model.prior={feature: item_id, fold_in_prior: flat}",
+     "'model.prior.fold_in_prior' = 'flat' is not allowed: expected one of"),
+    ("model.prior={feature: item_id, fold_in_prior: empirical}",
+     "'model.prior.fold_in_prior' = 'empirical' is not allowed: expected None without "
+     "model.prior.factors"),
     ("model.prior={feature: item_id, factors_in_output: false}",
      "'model.prior.factors_in_output' = False is not allowed: expected true without "
      "model.prior.factors"),
