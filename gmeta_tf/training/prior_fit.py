@@ -149,8 +149,9 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
             lambda: [{role: {k: np.asarray(v) for k, v in batch[role].items()}
                       for role in ("support", "query")}
                      for batch in _shard_tasks(config, split, names)],
-            "the factorisation's L2 and fold-in strength", "model.prior.damping and "
-            "model.prior.fold_in", key=unset)
+            "the factorisation's L2, fold-in strength and fold-in prior",
+            "model.prior.damping, model.prior.fold_in and model.prior.fold_in_prior",
+            key=unset)
         losses, models, rows = fold_in_grid(
             factorisations(lambda r: fit(every, r)),
             [(r, p) for r in (MF_REGS if reg is None else (reg,))
