@@ -75,13 +75,14 @@ def _shard_rows(config: PipelineConfig, split: str, names: list[str],
 def _read_validation(read: Callable[[], T], what: str, setting: str,
                      key: str = "damping") -> T:
     """``read()`` of the validation split, a missing or unreadable split refused as the
-    reason ``model.prior.<key>`` None cannot choose ``what``."""
+    reason ``model.prior.<key>`` None cannot choose ``what`` (``setting``: what to set
+    instead, with an example)."""
     try:
         return read()
     except meta_io.DataError as err:
         raise ConfigError(f"config key 'model.prior.{key}' = None is not allowed without "
-                          f"a validation split to choose {what} on ({err}): set {setting}, "
-                          f"e.g. 10") from err
+                          f"a validation split to choose {what} on ({err}): set "
+                          f"{setting}") from err
 
 
 def _gathered_means(values: np.ndarray, labels: np.ndarray, tasks: np.ndarray,
@@ -145,13 +146,14 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
         names = [feature, label]
         unset = ("damping" if reg is None else "fold_in" if strength is None
                  else "fold_in_prior")
+        what = "the factorisation's L2, fold-in strength and fold-in prior"
+        setting = ("model.prior.damping, model.prior.fold_in and model.prior.fold_in_prior, "
+                   "e.g. 10, 3 and empirical")
         valid = _read_validation(
             lambda: [{role: {k: np.asarray(v) for k, v in batch[role].items()}
                       for role in ("support", "query")}
                      for batch in _shard_tasks(config, split, names)],
-            "the factorisation's L2, fold-in strength and fold-in prior",
-            "model.prior.damping, model.prior.fold_in and model.prior.fold_in_prior",
-            key=unset)
+            what, setting, key=unset)
         losses, models, rows = fold_in_grid(
             factorisations(lambda r: fit(every, r)),
             [(r, p) for r in (MF_REGS if reg is None else (reg,))
@@ -161,10 +163,8 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
             query_rows(valid, [label])[label], total=distributed.sum_over_ranks)
         if not rows:
             raise ConfigError(f"config key 'model.prior.{unset}' = None is not allowed: the "
-                              f"validation split {split!r} has no query rows to choose the "
-                              f"factorisation's L2, fold-in strength and fold-in prior on; "
-                              f"set model.prior.damping, model.prior.fold_in and "
-                              f"model.prior.fold_in_prior, e.g. 10, 3 and empirical")
+                              f"validation split {split!r} has no query rows to choose "
+                              f"{what} on; set {setting}")
         (reg, fold_in_prior), strength = min(losses, key=losses.get)
         whole = models[(reg, fold_in_prior)]
     else:
@@ -218,7 +218,7 @@ def fit_prior(prior: LabelPrior, config: PipelineConfig) -> dict:
         split = config.train.validation_split
         valid = _read_validation(
             lambda: _shard_rows(config, split, names, query_only=config.meta.enabled),
-            "it", "a damping")
+            "it", "a damping, e.g. 10")
         losses, rows = _validation_losses(prior.kind, mean, valid, feature, label)
         if not rows:
             raise ConfigError(f"config key 'model.prior.damping' = None is not allowed: the "

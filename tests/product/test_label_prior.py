@@ -108,6 +108,15 @@ def test_a_prior_on_a_multi_hot_feature_is_refused(tiny_data, tmp_path):
         Trainer(config, fresh=True).run()
 
 
+def test_a_damping_left_to_choose_without_a_validation_split_is_refused(tiny_data, tmp_path):
+    config = load_config("default", tiny_overrides(tmp_path / "run", tiny_data) + [
+        "model.prior.feature=item_id", "train.validation_split=absent", "train.eval_every=0"])
+    with pytest.raises(ConfigError, match="'model.prior.damping' = None is not allowed without "
+                                          "a validation split to choose it on .*: set a "
+                                          "damping, e.g. 10$"):
+        Trainer(config, fresh=True).run()
+
+
 @pytest.mark.horovod
 def test_ranks_fit_the_prior_of_the_whole_split_from_their_shards(tiny_data, tmp_path):
     """Under horovodrun -np 2 each rank reads its shard; the gathered prior is the whole

@@ -117,6 +117,31 @@ def test_each_models_blend_is_chosen_on_validation_and_kept_with_its_checkpoint(
     assert "blend " in train_log
 
 
+def test_a_factor_prior_left_to_choose_without_a_validation_split_is_refused(ratings_run):
+    import dataclasses
+
+    from gmeta_tf.config import ConfigError
+    from gmeta_tf.models.label_prior import LabelPrior
+    from gmeta_tf.training.prior_fit import fit_prior
+
+    work, _, config, _ = ratings_run
+    config = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, validation_split="absent"))
+    section = config.model.prior
+    prior = LabelPrior(section.feature, "rating", folds=section.folds, factors=section.factors)
+    cwd = Path.cwd()
+    os.chdir(work)
+    try:
+        with pytest.raises(ConfigError, match=(
+                "'model.prior.damping' = None is not allowed without a validation split to "
+                "choose the factorisation's L2, fold-in strength and fold-in prior on .*: set "
+                "model.prior.damping, model.prior.fold_in and model.prior.fold_in_prior, e.g. "
+                "10, 3 and empirical$")):
+            fit_prior(prior, config)
+    finally:
+        os.chdir(cwd)
+
+
 def test_a_blend_set_in_the_config_is_used_as_it_is_not_chosen(ratings_run):
     import dataclasses
 
