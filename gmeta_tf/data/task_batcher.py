@@ -56,7 +56,43 @@ def bad_label_rows(cols: Chunk, labels: list[Feature]) -> dict[str, np.ndarray]:
     return out
 
 
-class TaskBatcher:
+class _Window:
+    """The rows (or tasks) added and not yet batched, and the batching both batchers share:
+    the window joined, shuffled (when a generator is given) and cut into ``batch_len``
+    entries at a time; a partial rest waits for the next block unless ``final``."""
+
+    batch_len: int
+
+    def __init__(self) -> None:
+        self._window: list[dict[str, np.ndarray]] = []
+
+    def clear(self) -> None:
+        """Drops the entries waiting in the window."""
+        self._window = []
+
+    def batches(self, rng: np.random.Generator | None, final: bool) -> Iterator[Batch]:
+        """Emits full batches from the window (and, if ``final``, the last partial one)."""
+        if not self._window:
+            return
+        window = _concat(self._window)
+        n = len(window[TASK_COLUMN])
+        if rng is not None:
+            order = rng.permutation(n)
+            window = {k: v[order] for k, v in window.items()}
+        b = self.batch_len
+        full = n - n % b
+        for lo in range(0, full, b):
+            yield self._emit({k: v[lo:lo + b] for k, v in window.items()})
+        rest = {k: v[full:] for k, v in window.items()}
+        self._window = [rest] if n > full and not final else []
+        if final and n > full:
+            yield self._emit(rest)
+
+    def _emit(self, flat: dict[str, np.ndarray]) -> Batch:
+        return flat
+
+
+class TaskBatcher(_Window):
     """Accumulates tasks from blocks and emits batches of whole tasks.
 
     Args:
@@ -87,7 +123,11 @@ class TaskBatcher:
         self.on_bad_task = on_bad_task
         self.resplit = resplit
         self.skipped: collections.Counter = collections.Counter()
-        self._window: list[dict[str, np.ndarray]] = []
+        super().__init__()
+
+    @property
+    def batch_len(self) -> int:
+        return self.tasks_per_batch
 
     @property
     def pending_tasks(self) -> int:
@@ -166,29 +206,6 @@ class TaskBatcher:
         self.skipped[f"skipped_{what}"] += count
         log.debug("skipping: %s", error)
 
-    def clear(self) -> None:
-        """Drops the tasks waiting in the window."""
-        self._window = []
-
-    def batches(self, rng: np.random.Generator | None, final: bool) -> Iterator[Batch]:
-        """Emits full batches from the window (and, if ``final``, the last partial one)."""
-        if not self._window:
-            return
-        window = _concat(self._window)
-        n = len(window[TASK_COLUMN])
-        if rng is not None:
-            order = rng.permutation(n)
-            window = {k: v[order] for k, v in window.items()}
-        t = self.tasks_per_batch
-        full = n - n % t
-        for lo in range(0, full, t):
-            yield self._emit({k: v[lo:lo + t] for k, v in window.items()})
-        rest = {k: v[full:] for k, v in window.items()}
-        self._window = [rest] if n > full else []
-        if final and n > full:
-            self._window = []
-            yield self._emit(rest)
-
     def _emit(self, flat: dict[str, np.ndarray]) -> Batch:
         out: Batch = {TASK_COLUMN: flat[TASK_COLUMN]}
         for role in ROLES:
@@ -221,7 +238,8 @@ def _rank_within(key: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndar
 
 
 def _concat(entries: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Concatenates window entries along the task axis, padding ragged slot axes."""
+    """Concatenates window entries along their first axis (tasks or rows), padding ragged
+    slot axes."""
     out = {}
     for k in entries[0]:
         parts = [e[k] for e in entries]
@@ -235,7 +253,7 @@ def _concat(entries: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
-class RowBatcher:
+class RowBatcher(_Window):
     """Accumulates rows from blocks and emits plain row batches (non-meta CTR training).
 
     Rows with a NaN/out-of-range label raise (``on_bad_row="error"``) or are dropped and
@@ -248,7 +266,11 @@ class RowBatcher:
                             expected=f"one of {BAD_TASK_POLICIES}")
         self.features, self.batch_size, self.on_bad_row = features, batch_size, on_bad_row
         self.skipped: collections.Counter = collections.Counter()
-        self._window: list[dict[str, np.ndarray]] = []
+        super().__init__()
+
+    @property
+    def batch_len(self) -> int:
+        return self.batch_size
 
     def add_block(self, cols: Chunk, path: str, rng: np.random.Generator | None = None) -> None:
         """Validates a block's rows and adds them to the window (``rng`` is not needed
@@ -266,25 +288,3 @@ class RowBatcher:
                  QUERY_COLUMN: cols[QUERY_COLUMN].astype(np.int32)[keep]}
         entry.update({f.name: feature_array(cols, f)[keep] for f in self.features})
         self._window.append(entry)
-
-    def clear(self) -> None:
-        """Drops the rows waiting in the window."""
-        self._window = []
-
-    def batches(self, rng: np.random.Generator | None, final: bool) -> Iterator[Batch]:
-        """Emits full batches from the window (and, if ``final``, the last partial one)."""
-        if not self._window:
-            return
-        window = {k: np.concatenate([e[k] for e in self._window]) for k in self._window[0]}
-        n = len(window[TASK_COLUMN])
-        if rng is not None:
-            order = rng.permutation(n)
-            window = {k: v[order] for k, v in window.items()}
-        b = self.batch_size
-        full = n - n % b
-        for lo in range(0, full, b):
-            yield {k: v[lo:lo + b] for k, v in window.items()}
-        self._window = [{k: v[full:] for k, v in window.items()}] if n > full else []
-        if final and n > full:
-            self._window = []
-            yield {k: v[full:] for k, v in window.items()}
