@@ -24,7 +24,11 @@ TEST_WORKERS ?= 2
 test: setup
 	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
-lint:
+# The linter is pinned and installed on first use (the rules are in pyproject.toml).
+RUFF_VERSION := 0.16.9
+lint: setup
+	@$(PY) -m ruff --version 2>/dev/null | grep -qx "ruff $(RUFF_VERSION)" \
+	  || $(PY) -m pip install --quiet "ruff==$(RUFF_VERSION)"
 	@$(PY) -m ruff check gmeta_tf tests benchmarks
 
 clean:

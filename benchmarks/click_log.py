@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import csv
+import functools
 import json
 import os
 import random
@@ -238,10 +239,10 @@ def main() -> None:
             work.mkdir(parents=True, exist_ok=True)
             features = LOGS[name](work)
             with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-                for results in pool.map(lambda s: run_split_seed(name, features, work, s,
-                                                                 args.trials, model_seeds,
-                                                                 args.variant),
-                                        seeds):
+                run = functools.partial(run_split_seed, name, features, work,
+                                        trials=args.trials, model_seeds=model_seeds,
+                                        variant=args.variant)
+                for results in pool.map(run, seeds):
                     runs.extend(results)
     summary = summarize(runs, logs)
     variant = summarize(runs, logs, key=lambda r: r["variant"]) if args.variant else None

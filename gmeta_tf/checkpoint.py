@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf import distributed
+from gmeta_tf.atomic_file import fsync_dir, write_atomically, write_text_atomically
 from gmeta_tf.embedding.sharded_hash_embedding import ShardedHashEmbedding
 
 log = logging.getLogger(__name__)
@@ -78,28 +79,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, write) -> None:
-    """Calls write(tmp_path), fsyncs it and renames it to path."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -155,8 +134,7 @@ def save(root: str | os.PathLike, model, step: int, optimizer=None,
             "world_size": size,
             "files": {str(p.relative_to(directory)): _sha256(p) for p in files},
         }
-        write_atomically(directory / MANIFEST,
-                         lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+        write_text_atomically(directory / MANIFEST, json.dumps(manifest, indent=1))
         if keep is not None:
             prune(root, keep)
     distributed.barrier()
@@ -174,7 +152,7 @@ def _mark_incomplete(directory: Path) -> None:
     manifest = directory / MANIFEST
     if manifest.exists():
         manifest.unlink()
-        _fsync_dir(directory)
+        fsync_dir(directory)
 
 
 def prune(root: str | os.PathLike, keep: int, protect: Iterable[int] = ()) -> list[Path]:
@@ -214,7 +192,7 @@ def prune(root: str | os.PathLike, keep: int, protect: Iterable[int] = ()) -> li
     for leftover in root.glob(f"{_DELETING_PREFIX}*"):  # from a crash during an earlier prune
         shutil.rmtree(leftover, ignore_errors=True)
     if victims:
-        _fsync_dir(root)
+        fsync_dir(root)
     return victims
 
 

@@ -31,6 +31,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
+from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config_fields import (FieldError, field, load_yaml, range_violation, type_name,
                                     type_violation)
 from gmeta_tf.data.split import SplitConfig, source_split
@@ -517,7 +518,7 @@ def apply_override(raw: dict, item: str) -> None:
 
 def dump_config(config: PipelineConfig, path: str | os.PathLike) -> None:
     """Writes the resolved config as YAML (the run directory keeps a copy)."""
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    write_text_atomically(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
 # ---- checking ---------------------------------------------------------------------------

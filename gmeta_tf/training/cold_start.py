@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
+from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.evaluation import (comparison, comparison_dict, format_gaps, format_table,
@@ -170,8 +171,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
                   "split": split, "data": dataset, "rows": rows,
                   "references": references.chosen, "paired": paired}
         file = out_dir / f"{name}.json"
-        checkpoint.write_atomically(file, lambda tmp: Path(tmp).write_text(
-            json.dumps(result, indent=1)))
+        write_text_atomically(file, json.dumps(result, indent=1))
         result["table"] = "\n\n".join(t for t in (
             format_table(rows, columns), format_gaps(compared[0].name, paired, columns)) if t)
         result["file"] = str(file)

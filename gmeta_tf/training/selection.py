@@ -19,7 +19,7 @@ import logging
 import math
 from pathlib import Path
 
-from gmeta_tf import checkpoint
+from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.training.evaluation import improves
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class Selection:
         path = Path(checkpoint_dir) / BEST_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), indent=1, default=float)
-        checkpoint.write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+        write_text_atomically(path, text)
 
     @classmethod
     def load(cls, checkpoint_dir: str | Path, metric: str, patience: int,

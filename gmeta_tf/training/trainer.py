@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
+from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config, tuned_world_size
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.training.hybrid import HybridTrainer
@@ -710,7 +711,8 @@ class Trainer:
                               if n not in selection.halted})
         if self.rank == 0:
             summary = {**dataclasses.asdict(result), "samples_per_sec": result.samples_per_sec}
-            Path(self.config.run_dir, SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+            write_text_atomically(Path(self.config.run_dir, SUMMARY_FILE),
+                                  json.dumps(summary, indent=1))
             log.info("done: %d steps in %.1fs, %.0f samples/s, loss %.4f, checkpoint %s",
                      steps, result.seconds, result.samples_per_sec, loss, ckpt)
             if result.hybrid is not None:

@@ -59,6 +59,7 @@ from typing import Any, Callable
 
 import yaml
 
+from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import (TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig,
                              baseline_embedding_l2, load_config, ridge_applies)
 from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, baseline_ridge, selection_metric
@@ -448,19 +449,15 @@ def recheck_picks(ranked: dict[str, list[int]], rechecks: int) -> dict[str, list
 
 
 def _write_trials(path: Path, metric: str, results: list[TrialResult]) -> None:
-    from gmeta_tf.checkpoint import write_atomically
-
     text = json.dumps({"metric": metric, "trials": [dataclasses.asdict(r) for r in results]},
                       indent=1, default=str)
-    write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+    write_text_atomically(path, text)
 
 
 def write_tuned(config: PipelineConfig, summary: dict) -> Path:
     """Writes the chosen settings as a nested YAML mapping ``<run_dir>/tuned.yaml``."""
-    from gmeta_tf.checkpoint import write_atomically
-
     nested: dict = {}
-    for name, chosen in summary["chosen"].items():
+    for chosen in summary["chosen"].values():
         for key, value in chosen["settings"].items():
             node = nested
             *parents, leaf = key.split(".")
@@ -478,6 +475,6 @@ def write_tuned(config: PipelineConfig, summary: dict) -> Path:
     nested[TUNED_AT_KEY] = {"world_size": summary["world_size"]}
     text = "\n".join(lines) + "\n" + yaml.safe_dump(nested, sort_keys=True)
     path = Path(config.run_dir) / TUNED_FILE
-    write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+    write_text_atomically(path, text)
     log.info("wrote %s", path)
     return path

@@ -356,9 +356,9 @@ def test_adapted_outputs_blend_with_the_factorisations_own_fold_in_at_the_towers
         meta = MetaModel(tiny.embedding(), tower, head,
                          MetaConfig("maml", inner_steps=2, inner_lr=0.05, ridge=3.0))
         baseline = CTRModel(tiny.embedding(), tower, head)
-        for predict in (lambda blended: meta.adapted_predictions(batch, blended=blended),
-                        lambda blended: fine_tuned_predictions(baseline, 2, 0.05, ridge=3.0,
-                                                               blended=blended)(batch)):
+        for predict in (lambda blended, meta=meta: meta.adapted_predictions(batch, blended=blended),
+                        lambda blended, baseline=baseline: fine_tuned_predictions(
+                            baseline, 2, 0.05, ridge=3.0, blended=blended)(batch)):
             tower.prior_blend.assign(1.0)
             alone = predict(False).numpy()
             np.testing.assert_allclose(predict(True).numpy(), alone, rtol=1e-6)

@@ -143,7 +143,7 @@ def test_factorisation_fold_in_learns_the_tasks_tastes_the_offset_model_cannot()
 
     def batch(users):
         support, query = [], []
-        for u in users:
+        for _ in users:
             seen = rng.choice(items, 14, replace=False)
             support.append(seen[:10])
             query.append(seen[10:])

@@ -48,7 +48,7 @@ class ColumnReader(abc.ABC):
         Each chunk maps every requested column to a 1-D numpy array of equal length.
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a reader that caches no handle keeps this no-op)
         """Releases cached file handles."""
 
 
