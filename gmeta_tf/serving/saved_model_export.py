@@ -17,7 +17,9 @@ Signatures:
   -> ``{"scores": [Q]}`` after the meta model's inner loop on the support rows.
 
 The layout is TF Serving's: ``<export.dir>/<step>/saved_model.pb``, and
-``assets.extra/gmeta_export.json`` describes the inputs.
+``assets.extra/gmeta_export.json`` describes the inputs. A version is written under a
+hidden name and renamed into place whole, so a server watching ``<export.dir>`` never loads
+a part of one, and an export it replaces is removed only after the rename.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Mapping
 
 import tensorflow as tf
 
 from gmeta_tf import data as meta_io
+from gmeta_tf.atomic_file import fsync_dir
 from gmeta_tf.config import PipelineConfig
 from gmeta_tf.embedding import ShardedHashEmbedding
 from gmeta_tf.meta import MetaModel, TaskAdapter, adapted_outputs, single_task_batch
@@ -150,7 +154,21 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     specs = feature_specs(model, schema)
     module = ServingModule(model, specs, adaptation)
     signatures = module.signatures()
-    tf.saved_model.save(module, str(path), signatures=signatures)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.partial{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        tf.saved_model.save(module, str(staging), signatures=signatures)
+        info = _write_info(model, module, signatures, staging, path)
+        _move_into_place(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported %s with signatures %s", path, sorted(signatures))
+    return info
+
+
+def _write_info(model, module, signatures, staging: Path, path: Path) -> dict:
     info = {
         "path": str(path),
         "signatures": {name: {"inputs": _describe(fn.structured_input_signature),
@@ -159,11 +177,28 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
         "table_rows": {t: int(v.shape[0]) for t, v in module.embedding.ids.items()},
         "label": model.head.label,
     }
-    extra = Path(path, "assets.extra")
+    extra = staging / "assets.extra"
     extra.mkdir(parents=True, exist_ok=True)
     (extra / INFO_FILE).write_text(json.dumps(info, indent=1))
-    log.info("exported %s with signatures %s", path, sorted(signatures))
     return info
+
+
+def _move_into_place(staging: Path, path: Path) -> None:
+    """Renames a complete SavedModel to its version directory. TF Serving loads any
+    numeric directory it finds, so the model is written under a hidden name first and
+    appears whole; an export already at ``path`` is set aside, and removed only once the
+    new one is in its place."""
+    old = path.with_name(f".{path.name}.replaced{os.getpid()}")
+    if path.exists():
+        os.replace(path, old)
+    try:
+        os.replace(staging, path)
+    except OSError:
+        if old.exists():
+            os.replace(old, path)
+        raise
+    fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def export_pipeline(config: PipelineConfig, checkpoint_path: str | None = None,

@@ -160,3 +160,33 @@ def test_exported_graph_has_no_custom_op(trained):
     ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
     assert {"LowerBound", "GatherV2"} <= ops  # the frozen tables' searchsorted + gather
     assert not ops - set(dir(tf.raw_ops)), "ops outside stock TensorFlow"
+
+
+def test_an_export_appears_whole_and_replaces_a_version_only_once_complete(trained, tmp_path):
+    """A server loads any numeric directory under the export dir: a version is written
+    under a hidden name and renamed into place. An export that fails part-way leaves the
+    version already there as it was; one that succeeds replaces it, and nothing else is
+    left beside it."""
+    from gmeta_tf.serving import saved_model_export
+
+    version = tmp_path / "serving" / "8"
+    saved_model_export.export_pipeline(trained, out=str(version))
+    first = (version / "saved_model.pb").read_bytes()
+
+    def crash(module, path, signatures=None):
+        Path(path).mkdir(parents=True)
+        Path(path, "saved_model.pb").write_bytes(b"partial")
+        raise OSError("disk full")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tf.saved_model, "save", crash)
+        with pytest.raises(OSError, match="disk full"):
+            saved_model_export.export_pipeline(trained, out=str(version))
+    assert (version / "saved_model.pb").read_bytes() == first
+    assert [p.name for p in version.parent.iterdir()] == ["8"]
+
+    info = saved_model_export.export_pipeline(trained, out=str(version))
+    assert [p.name for p in version.parent.iterdir()] == ["8"]
+    assert info["path"] == str(version)
+    recorded = json.loads((version / "assets.extra" / saved_model_export.INFO_FILE).read_text())
+    assert recorded["path"] == str(version) and recorded["table_rows"] == info["table_rows"]
