@@ -275,11 +275,18 @@ def _batches_dataset(make_batches, signature: dict, max_stack: int = 16) -> tf.d
     Handing numpy to tf.data has a fixed cost per generator element whatever its size, so
     batches cross in stacks of up to ``max_stack`` and ``unbatch`` (C++) splits them again
     (``benchmarks.meta_io`` measures the whole reader against the meta step).
+
+    tf.data's autotuning is off: the pipeline has nothing for it to tune (a generator, a
+    fixed prefetch), and its model thread sleeps for up to a minute between passes, which
+    an iterator's deletion waits out: a training run that ended sat up to 60 s in the
+    deletion of its endless training iterator before its process could exit.
     """
     stacked = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), signature)
     ds = tf.data.Dataset.from_generator(lambda: _stacked(make_batches(), max_stack),
                                         output_signature=stacked)
-    return ds.unbatch()
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.unbatch().with_options(options)
 
 
 def _spec(feature: Feature, lead: list) -> tf.TensorSpec:

@@ -60,6 +60,7 @@ MF_REGS_CLICKS = (1.0, 3.0, 10.0)  # the same, of 0/1 labels
 MF_FACTORS_CLICKS = (4, 8, MF_FACTORS)  # factor widths chosen from, of 0/1 labels
 MF_FOLD_IN = (0.3, 1.0, 3.0, 10.0, 30.0)  # ridge strength of a new task's factor and bias
 MF_SWEEPS = 6
+_BATCH_ROWS = 1 << 16  # padded rows per batch of the factorisation's least-squares solves
 #: A new task's prior in the fold-in (``FactorModel.with_fold_in_prior``), both tried.
 FOLD_IN_PRIORS = ("isotropic", "empirical")
 _EPS = 1e-3
@@ -289,15 +290,43 @@ def fit_linear(data: ReferenceData, train: Mapping[str, np.ndarray],
 Predict = Callable[[Mapping], np.ndarray]
 
 
-def _ridge_per_group(groups: list[np.ndarray], factors: np.ndarray, targets: np.ndarray,
+class _Groups(NamedTuple):
+    """Rows grouped by a key (a task or an item): ``order`` lists the rows group by group,
+    ``sizes`` says how many each group has (every key of ``0..len(sizes)-1``, in order)."""
+
+    order: np.ndarray
+    sizes: np.ndarray
+
+    @classmethod
+    def of(cls, key_of_row: np.ndarray, groups: int) -> "_Groups":
+        return cls(np.argsort(key_of_row, kind="stable"),
+                   np.bincount(key_of_row, minlength=groups))
+
+
+def _ridge_per_group(groups: _Groups, factors: np.ndarray, targets: np.ndarray,
                      penalty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One side's half-step of alternating least squares: for every group of rows, the
     ridge fit of ``targets`` on ``[factors, 1]`` (the other side's factors of each row):
-    ``(factors [G, f], biases [G])``."""
-    out = np.zeros((len(groups), penalty.shape[0]))
-    for g, rows in enumerate(groups):
-        x = np.hstack([factors[rows], np.ones((len(rows), 1))])
-        out[g] = np.linalg.solve(x.T @ x + penalty, x.T @ targets[rows])
+    ``(factors [G, f], biases [G])``.
+
+    Groups of about the same size are solved as one batch: each is padded with zero rows
+    to the next power of two (a zero row adds nothing to ``x^T x`` or ``x^T y``), so the
+    padding is at most the rows themselves, and a batch holds at most ``_BATCH_ROWS``
+    padded rows, so memory stays bounded however many rows there are."""
+    x = np.hstack([factors, np.ones((len(factors), 1))])
+    out = np.zeros((len(groups.sizes), penalty.shape[0]))
+    starts = np.concatenate([[0], np.cumsum(groups.sizes)[:-1]])
+    width_of = np.ceil(np.log2(np.maximum(groups.sizes, 1))).astype(np.int64)
+    for power in np.unique(width_of):
+        of_width = np.flatnonzero(width_of == power)
+        slot = np.arange(1 << int(power))
+        batches = min(len(of_width), -(-len(of_width) * len(slot) // _BATCH_ROWS))
+        for members in np.array_split(of_width, batches):
+            real = slot < groups.sizes[members, None]
+            rows = groups.order[np.where(real, starts[members, None] + slot, 0)]
+            xs_t = (x[rows] * real[..., None]).transpose(0, 2, 1)
+            gram = xs_t @ xs_t.transpose(0, 2, 1) + penalty
+            out[members] = np.linalg.solve(gram, xs_t @ (targets[rows] * real)[..., None])[..., 0]
     return out[:, :-1], out[:, -1]
 
 
@@ -326,10 +355,8 @@ class FactorModel:
         rng = np.random.default_rng(seed)
         q = rng.normal(0.0, 0.1, (len(self.keys), factors))
         b_item = np.zeros(len(self.keys))
-        by_task = np.split(np.argsort(task_of, kind="stable"),
-                           np.cumsum(np.bincount(task_of))[:-1])
-        by_item = np.split(np.argsort(item_of, kind="stable"),
-                           np.cumsum(np.bincount(item_of, minlength=len(self.keys)))[:-1])
+        by_task = _Groups.of(task_of, int(task_of.max()) + 1 if len(task_of) else 0)
+        by_item = _Groups.of(item_of, len(self.keys))
         eye = reg * np.eye(factors + 1)
         targets = labels - self.mean
         for _ in range(sweeps):

@@ -163,3 +163,18 @@ def all_support_items(dataset) -> dict[int, set]:
         for t, task in enumerate(batch["task_id"].numpy()):
             out[int(task)] = set(items[t][mask[t] > 0].tolist())
     return out
+
+
+def test_an_endless_stream_has_no_autotune_thread_for_its_deletion_to_wait_out(
+        parquet_dataset):
+    """tf.data's autotuning model thread sleeps up to a minute between passes and an
+    iterator's deletion waits for it: a training run's endless stream kept its process
+    from exiting for up to 60 s. Neither view starts it; both still read on."""
+    ds = data.TaskDataset(str(parquet_dataset))
+    for view in (ds.tasks(4, 3, 2, shuffle_seed=1, epochs=None, ragged=True),
+                 ds.rows(16, shuffle_seed=1, epochs=None)):
+        assert view.options().autotune.enabled is False
+        batches = iter(view)
+        for _ in range(3):
+            next(batches)
+        del batches

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gmeta_tf.meta import metrics
+from gmeta_tf.training import references
 from gmeta_tf.training.references import (MF_FACTORS_CLICKS, MF_REGS_CLICKS, FeatureMean,
                                           ReferenceData, fit_linear, fit_references)
 
@@ -288,3 +289,24 @@ def test_factorisation_fold_in_of_clicks_ranks_by_the_tasks_tastes():
     assert ((mf > 0) & (mf < 1)).all()
     offset = refs.predictors["item mean + task offset"](test).ravel()
     assert metrics.auc(truth, mf) > 0.8 > metrics.auc(truth, offset) + 0.15
+
+
+def test_the_batched_least_squares_solve_each_groups_own_ridge_fit(monkeypatch):
+    """The factorisation's half-step solves groups of alike sizes as one padded batch:
+    each group's answer is still the ridge fit of its own rows, for groups of one row,
+    of none, of sizes that are and are not powers of two, and for batches cut short."""
+    monkeypatch.setattr(references, "_BATCH_ROWS", 64)  # several batches per size, and a
+    rng = np.random.default_rng(0)                       # group wider than a batch
+    sizes = np.array([1, 0, 2, 3, 4, 5, 8, 9, 17, 100, 1, 7, 33, 3])
+    key_of_row = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    factors, targets = rng.normal(size=(len(key_of_row), 3)), rng.normal(size=len(key_of_row))
+    penalty = 2.0 * np.eye(4)
+    got_factors, got_biases = references._ridge_per_group(
+        references._Groups.of(key_of_row, len(sizes)), factors, targets, penalty)
+    for g in range(len(sizes)):
+        rows = np.flatnonzero(key_of_row == g)
+        x = np.hstack([factors[rows], np.ones((len(rows), 1))])
+        want = np.linalg.solve(x.T @ x + penalty, x.T @ targets[rows])
+        np.testing.assert_allclose(got_factors[g], want[:-1], atol=1e-12)
+        np.testing.assert_allclose(got_biases[g], want[-1], atol=1e-12)
+    assert not got_factors[1].any() and got_biases[1] == 0.0  # no rows: the prior's 0
