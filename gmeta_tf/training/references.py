@@ -291,42 +291,49 @@ Predict = Callable[[Mapping], np.ndarray]
 
 
 class _Groups(NamedTuple):
-    """Rows grouped by a key (a task or an item): ``order`` lists the rows group by group,
-    ``sizes`` says how many each group has (every key of ``0..len(sizes)-1``, in order)."""
+    """Rows grouped by a key (a task or an item, every key of ``0..count-1``), laid out for
+    ``_ridge_per_group`` once, as every sweep of alternating least squares reads them.
 
-    order: np.ndarray
-    sizes: np.ndarray
+    Groups of about the same size form one batch: each is padded with zero rows to the
+    next power of two, so the padding is at most the rows themselves, and a batch holds at
+    most ``_BATCH_ROWS`` padded rows, so memory stays bounded however many rows there are.
+    ``batches`` holds, per batch, its groups ``[B]``, which of their slots are real rows
+    ``[B, W]`` and the row in each slot ``[B, W]`` (row 0 where padded)."""
+
+    count: int
+    batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
     @classmethod
-    def of(cls, key_of_row: np.ndarray, groups: int) -> "_Groups":
-        return cls(np.argsort(key_of_row, kind="stable"),
-                   np.bincount(key_of_row, minlength=groups))
+    def of(cls, key_of_row: np.ndarray, count: int = 0) -> "_Groups":
+        """``key_of_row``'s groups; ``count`` at least (keys without rows: empty groups)."""
+        order = np.argsort(key_of_row, kind="stable")
+        sizes = np.bincount(key_of_row, minlength=count)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        width_of = np.ceil(np.log2(np.maximum(sizes, 1))).astype(np.int64)
+        batches = []
+        for power in np.unique(width_of):
+            of_width = np.flatnonzero(width_of == power)
+            slot = np.arange(1 << int(power))
+            for members in np.array_split(of_width, min(
+                    len(of_width), -(-len(of_width) * len(slot) // _BATCH_ROWS))):
+                real = slot < sizes[members, None]
+                batches.append((members, real,
+                                order[np.where(real, starts[members, None] + slot, 0)]))
+        return cls(len(sizes), batches)
 
 
 def _ridge_per_group(groups: _Groups, factors: np.ndarray, targets: np.ndarray,
                      penalty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One side's half-step of alternating least squares: for every group of rows, the
     ridge fit of ``targets`` on ``[factors, 1]`` (the other side's factors of each row):
-    ``(factors [G, f], biases [G])``.
-
-    Groups of about the same size are solved as one batch: each is padded with zero rows
-    to the next power of two (a zero row adds nothing to ``x^T x`` or ``x^T y``), so the
-    padding is at most the rows themselves, and a batch holds at most ``_BATCH_ROWS``
-    padded rows, so memory stays bounded however many rows there are."""
+    ``(factors [G, f], biases [G])``. The groups of a batch are solved together, their
+    padding zero rows (a zero row adds nothing to ``x^T x`` or ``x^T y``)."""
     x = np.hstack([factors, np.ones((len(factors), 1))])
-    out = np.zeros((len(groups.sizes), penalty.shape[0]))
-    starts = np.concatenate([[0], np.cumsum(groups.sizes)[:-1]])
-    width_of = np.ceil(np.log2(np.maximum(groups.sizes, 1))).astype(np.int64)
-    for power in np.unique(width_of):
-        of_width = np.flatnonzero(width_of == power)
-        slot = np.arange(1 << int(power))
-        batches = min(len(of_width), -(-len(of_width) * len(slot) // _BATCH_ROWS))
-        for members in np.array_split(of_width, batches):
-            real = slot < groups.sizes[members, None]
-            rows = groups.order[np.where(real, starts[members, None] + slot, 0)]
-            xs_t = (x[rows] * real[..., None]).transpose(0, 2, 1)
-            gram = xs_t @ xs_t.transpose(0, 2, 1) + penalty
-            out[members] = np.linalg.solve(gram, xs_t @ (targets[rows] * real)[..., None])[..., 0]
+    out = np.zeros((groups.count, penalty.shape[0]))
+    for members, real, rows in groups.batches:
+        xs_t = (x[rows] * real[..., None]).transpose(0, 2, 1)
+        gram = xs_t @ xs_t.transpose(0, 2, 1) + penalty
+        out[members] = np.linalg.solve(gram, xs_t @ (targets[rows] * real)[..., None])[..., 0]
     return out[:, :-1], out[:, -1]
 
 
@@ -355,7 +362,7 @@ class FactorModel:
         rng = np.random.default_rng(seed)
         q = rng.normal(0.0, 0.1, (len(self.keys), factors))
         b_item = np.zeros(len(self.keys))
-        by_task = _Groups.of(task_of, int(task_of.max()) + 1 if len(task_of) else 0)
+        by_task = _Groups.of(task_of)
         by_item = _Groups.of(item_of, len(self.keys))
         eye = reg * np.eye(factors + 1)
         targets = labels - self.mean
