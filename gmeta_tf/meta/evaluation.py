@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import tensorflow as tf
 
+from gmeta_tf.graph_function import graph_function
 from gmeta_tf.meta import metrics
 from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, fold_in_outputs,
                                         initial_ridge, resolve_fast_weights)
@@ -47,7 +48,7 @@ def traced_once(fn: Callable[[Mapping], tf.Tensor]) -> PredictFn:
         if not traced:
             signature = tf.nest.map_structure(
                 lambda v: _any_shape(tf.type_spec_from_value(v)), batch)
-            traced.append(tf.function(fn, input_signature=[signature]))
+            traced.append(graph_function(fn, input_signature=[signature]))
         return traced[0](batch)
 
     return call

@@ -37,6 +37,7 @@ from gmeta_tf import data as meta_io
 from gmeta_tf.atomic_file import fsync_dir
 from gmeta_tf.config import PipelineConfig
 from gmeta_tf.embedding import ShardedHashEmbedding
+from gmeta_tf.graph_function import graph_function
 from gmeta_tf.meta import MetaModel, TaskAdapter, adapted_outputs, single_task_batch
 from gmeta_tf.models import embedding_inputs
 from gmeta_tf.serving.static_embedding import FrozenTable, StaticEmbedding
@@ -93,12 +94,12 @@ class ServingModule(tf.Module):
             inputs = {**emb, **tower.raw_inputs(features)}
             return {"scores": head.predict(tower(inputs))}
 
-        self.serve = tf.function(serve, input_signature=[dict(specs)])
+        self.serve = graph_function(serve, input_signature=[dict(specs)])
         self.adapt = None
         if adaptation and isinstance(model, MetaModel):
             self.inner_rates = list(model.inner_lr_variables.values())
             self.ridge = model.ridge_variables
-            self.adapt = tf.function(self._adapt_fn(model), input_signature=[
+            self.adapt = graph_function(self._adapt_fn(model), input_signature=[
                 _role_specs("support", specs, head.label), _role_specs("query", specs)])
 
     def _adapt_fn(self, model: MetaModel):

@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from gmeta_tf import distributed, ops
 from gmeta_tf.embedding.sharded_hash_embedding import PulledRows, ShardedHashEmbedding
+from gmeta_tf.graph_function import graph_function
 
 LossFn = Callable[[Mapping[str, tf.Tensor], Any], tf.Tensor]
 _END = object()
@@ -118,9 +119,9 @@ class HybridTrainer:
         self._applied_total = 0  # batches whose update this rank applied, over all fits
         self._rebalance_time = 0.0
         self._dense_time = 0.0
-        self._pull = tf.function(self._pull_step, reduce_retracing=True)
-        self._push = tf.function(self._push_step, reduce_retracing=True)
-        self._dense = tf.function(self._dense_step, reduce_retracing=True)
+        self._pull = graph_function(self._pull_step, reduce_retracing=True)
+        self._push = graph_function(self._push_step, reduce_retracing=True)
+        self._dense = graph_function(self._dense_step, reduce_retracing=True)
 
     # ---- the three phases (each one tf.function) ----------------------------------------
     def _pull_step(self, batch) -> PulledRows:

@@ -59,6 +59,7 @@ from gmeta_tf import data as meta_io
 from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config, tuned_world_size
 from gmeta_tf.data.schema import TASK_COLUMN
+from gmeta_tf.graph_function import graph_function
 from gmeta_tf.training.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.meta.task_adapter import initial_ridge
@@ -245,7 +246,7 @@ class Trainer:
         trains_model = "model" not in resting
 
         def make_step(model_step):
-            @tf.function(reduce_retracing=True)
+            @graph_function(reduce_retracing=True)
             def step(batch):
                 out = model_step(batch) if trains_model else {}
                 if baseline is not None:
@@ -253,7 +254,7 @@ class Trainer:
                 return out
             return step
 
-        @tf.function(reduce_retracing=True)
+        @graph_function(reduce_retracing=True)
         def ctr_step(rows):
             return model.train_step(rows)
 
@@ -302,7 +303,7 @@ class Trainer:
             return model.rows_loss({**embedded, **tower.raw_inputs(rows, tasks)}, labels,
                                    training=True)
 
-        @tf.function(reduce_retracing=True)
+        @graph_function(reduce_retracing=True)
         def to_rows(rows):  # the CTR step's input, multi-hot ids as ragged
             return {**rows, **embedding_inputs(rows, names)}
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 from gmeta_tf import data
 from gmeta_tf.meta import MetaConfig, evaluate_tasks, fine_tuned_predictions, task_rows
 from gmeta_tf.meta.evaluation import traced_once
-from gmeta_tf.models import CTRModel
+from gmeta_tf.models import CTRModel, MeLUTower
 from tests.meta import tiny
 
 HIDDEN_PLUS_ITEMS = tiny.HIDDEN + tiny.DIM  # the output layer's inputs with item_factors
@@ -143,6 +143,41 @@ def test_multi_step_loss_anneals_from_every_step_to_the_last():
         MetaConfig("reptile", multi_step_loss=10)
     with pytest.raises(ValueError, match="multi_step_loss = -1 is not allowed"):
         MetaConfig("maml", multi_step_loss=-1)
+
+
+@pytest.mark.parametrize("config", [
+    MetaConfig("maml", inner_steps=2, inner_lr=0.1, learn_inner_lr=True, inner_lr_per_step=True,
+               multi_step_loss=4, adapt_embeddings=("user_id",)),
+    MetaConfig("reptile", inner_steps=2, inner_lr=0.1)], ids=["maml++", "reptile"])
+def test_the_step_traced_without_autograph_trains_what_autograph_traced(config, monkeypatch):
+    """The library traces its steps with AutoGraph off (``gmeta_tf.graph_function``): its
+    code has no Python control flow on tensors for AutoGraph to convert, so the meta step
+    and the baseline's step it traces train the weights AutoGraph's graph trains."""
+    from gmeta_tf import graph_function
+
+    def trained(autograph):
+        monkeypatch.setattr(graph_function, "AUTOGRAPH", autograph)
+        model = tiny.model(config)
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.05))
+        baseline = CTRModel(tiny.embedding(), MeLUTower(["item_id"], ["user_id"], tiny.DIM,
+                                                         hidden_units=(tiny.HIDDEN,), seed=3),
+                            model.head)
+        baseline.compile(optimizer=tf.keras.optimizers.SGD(0.05))
+        meta_step = graph_function.graph_function(model.train_step, reduce_retracing=True)
+        baseline_step = graph_function.graph_function(
+            lambda batch: baseline.train_step(task_rows(batch)), reduce_retracing=True)
+        losses = [(float(meta_step(tiny.tasks(4, seed=s))["loss"]),
+                   float(baseline_step(tiny.tasks(4, seed=s))["loss"])) for s in range(3)]
+        weights = [v.numpy() for v in model.trainable_variables + baseline.trainable_variables]
+        return losses, weights
+
+    (losses_on, weights_on), (losses_off, weights_off) = trained(True), trained(False)
+    np.testing.assert_array_equal(losses_off, losses_on)
+    assert len(weights_off) == len(weights_on) > 0
+    for off, on in zip(weights_off, weights_on):
+        np.testing.assert_array_equal(off, on)
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):  # what it does not convert
+        graph_function.graph_function(lambda x: x if x > 0 else -x)(tf.constant(1.0))
 
 
 def test_fine_tuning_adapts_the_task_embedding_rows():
