@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from gmeta_tf.atomic_file import write_atomically
+
 DEFAULT_SUBNET = "10.213.16.0/24"
 DEFAULT_NAME = "gmeta"
 DEFAULT_STATE_DIR = "/run/gmeta-local-cluster"
@@ -418,10 +420,13 @@ class LocalCluster:
 
 
 def _write(path: Path, text: str, mode: int = 0o600) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode if path.name not in ("hosts", "ssh_config") else 0o644)
-    os.replace(tmp, path)
+    """``text`` written atomically at ``path`` with ``mode`` (``hosts`` and ``ssh_config``,
+    which every user reads, 0644)."""
+    def write(tmp: Path) -> None:
+        tmp.write_text(text)
+        os.chmod(tmp, mode if path.name not in ("hosts", "ssh_config") else 0o644)
+
+    write_atomically(path, write)
 
 
 def _kill(pid: int) -> None:
