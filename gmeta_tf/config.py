@@ -729,6 +729,12 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("meta.within_task_loss", config.meta.within_task_loss,
                     f"0 with a '{model.head.kind}' head (a task's centred squared error is "
                     f"of ratings)")
+    if config.meta.label_shift and model.head.kind != "rating":
+        raise _fail("meta.label_shift", config.meta.label_shift,
+                    f"0 with a '{model.head.kind}' head (a task's ratings are shifted)")
+    if config.meta.label_shift and not config.meta.enabled:
+        raise _fail("meta.label_shift", config.meta.label_shift,
+                    "0 with meta.enabled: false (it shifts a meta task's ratings)")
     if config.meta.within_task_loss and not config.meta.enabled:
         raise _fail("meta.within_task_loss", config.meta.within_task_loss,
                     "0 with meta.enabled: false (a plain model's row batches hold no "

@@ -72,6 +72,13 @@ class MetaConfig:
             level: what a ranking of one user's items (nDCG) is scored on. Squared error
             is the user's level error squared plus this within-task error, so W > 0
             weighs the latter 1 + W times. A rating head only. 0: off.
+        label_shift: Meta-augmentation (Rajendran et al. NeurIPS 2020): in training, every
+            task's ratings, its support and query rows alike, are shifted by one offset
+            drawn uniformly from [-label_shift, label_shift] for that task at that step, so
+            that no weight can learn a training user's level from anything but the
+            support rows (user features such as a zip code identify a user as well as
+            an id would). Evaluation and serving see the labels as they are. A rating
+            head only. 0: off.
     """
 
     algorithm: Algorithm = "maml"
@@ -87,6 +94,7 @@ class MetaConfig:
     ridge_lr: float | None = config_fields.field(0.02, min_exclusive=0.0)
     plain_loss: float = config_fields.field(0.0, min=0.0)
     within_task_loss: float = config_fields.field(0.0, min=0.0)
+    label_shift: float = config_fields.field(0.0, min=0.0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))
@@ -95,7 +103,8 @@ class MetaConfig:
         if self.algorithm == "reptile":  # its dense update does not follow the outer loss
             for key, what in (("multi_step_loss", "the multi-step loss"),
                               ("plain_loss", "the plain loss"),
-                              ("within_task_loss", "the within-task loss")):
+                              ("within_task_loss", "the within-task loss"),
+                              ("label_shift", "the label shift")):
                 if getattr(self, key):
                     raise FieldError(type(self).__name__, key, getattr(self, key),
                                      f"0 with algorithm 'reptile' (its dense update does not "

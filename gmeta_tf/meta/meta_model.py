@@ -12,7 +12,7 @@ from gmeta_tf import distributed
 from gmeta_tf.meta.meta_config import MetaConfig
 from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, resolve_fast_weights,
                                         ridge_size)
-from gmeta_tf.meta.task_batch import role_batches
+from gmeta_tf.meta.task_batch import RoleBatch, role_batches
 from gmeta_tf.models.embedding_inputs import embedding_penalty
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
@@ -173,6 +173,8 @@ class MetaModel(tf.keras.Model):
         """
         support, query, num_pairs = role_batches(self.embedding, self.tower, self.head.label,
                                                  batch, training, self.config.adapt_embeddings)
+        if training and self.config.label_shift:
+            support, query = shifted_labels(support, query, self.config.label_shift)
         params = self.tower.params()
         fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
         trajectory = [] if training and self.config.multi_step_loss else None
@@ -327,6 +329,20 @@ class MetaModel(tf.keras.Model):
         """
         return tf.squeeze(self.adapted_predictions(single_task_batch(support, query,
                                                                      self.head.label)), 0)
+
+
+def shifted_labels(support: RoleBatch, query: RoleBatch, width: float
+                   ) -> tuple[RoleBatch, RoleBatch]:
+    """``MetaConfig.label_shift``: each task's support and query labels plus one offset
+    drawn uniformly from ``[-width, width]`` for that task."""
+    shift = task_offsets(tf.shape(support.labels)[0], width)
+    return (support._replace(labels=support.labels + shift),
+            query._replace(labels=query.labels + shift))
+
+
+def task_offsets(num_tasks: tf.Tensor, width: float) -> tf.Tensor:
+    """``[T, 1]`` offsets, each uniform on ``[-width, width]``."""
+    return tf.random.uniform([num_tasks, 1], -width, width)
 
 
 def single_task_batch(support: Mapping[str, tf.Tensor], query: Mapping[str, tf.Tensor],

@@ -429,3 +429,45 @@ def test_the_baselines_within_task_loss_centres_each_tasks_rows():
     np.testing.assert_allclose(plain, np.mean(error ** 2), rtol=1e-5)
     np.testing.assert_allclose(loss - plain, weight * np.mean(centred ** 2), rtol=1e-4,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["maml", "fomaml"])
+def test_label_shift_trains_on_each_tasks_ratings_moved_by_one_offset(algorithm, monkeypatch):
+    """``MetaConfig.label_shift`` (meta-augmentation): in training, the outer objective is
+    that of the batch whose every task has its support and query ratings moved by one
+    offset of its own; outside training the ratings are as they are."""
+    from gmeta_tf.meta import meta_model
+    batch = tiny.tasks(3, seed=23)
+    offsets = np.array([[0.4], [-0.25], [0.1]], np.float32)
+    monkeypatch.setattr(meta_model, "task_offsets", lambda n, width: tf.constant(offsets))
+
+    def run(shift, batch):
+        model = tiny.model(MetaConfig(algorithm, inner_steps=STEPS, inner_lr=LR,
+                                      learn_inner_lr=True, label_shift=shift))
+        tiny.insert_ids(model, batch)
+        *_, objective = model.meta_loss(batch)
+        *_, untrained = model.meta_loss(batch, training=False)
+        return objective.numpy(), untrained.numpy()
+
+    moved = {role: dict(rows, rating=rows["rating"] + offsets) for role, rows in batch.items()
+             if role in ("support", "query")}
+    objective, untrained = run(0.5, batch)
+    objective_moved, _ = run(0.0, {**batch, **moved})
+    objective_plain, untrained_plain = run(0.0, batch)
+    np.testing.assert_allclose(objective, objective_moved, rtol=1e-5)
+    assert abs(objective - objective_plain) > 1e-4
+    np.testing.assert_allclose(untrained, untrained_plain, rtol=1e-6)
+
+
+def test_task_offsets_are_one_per_task_within_the_width():
+    from gmeta_tf.meta.meta_model import task_offsets
+    got = task_offsets(tf.constant(500), 0.5).numpy()
+    assert got.shape == (500, 1) and np.all(np.abs(got) <= 0.5)
+    assert got.min() < -0.4 and got.max() > 0.4
+
+
+def test_label_shift_is_refused_where_it_cannot_apply():
+    with pytest.raises(ValueError, match="label_shift"):
+        MetaConfig("reptile", label_shift=0.5)
+    with pytest.raises(ValueError, match="label_shift"):
+        MetaConfig("maml", label_shift=-0.1)

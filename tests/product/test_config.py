@@ -82,6 +82,10 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
                                  "number >= 0"),
     ("meta.within_task_loss=1", "'meta.within_task_loss' = 1.0 is not allowed: expected 0 "
                                 "with a 'binary' head"),
+    ("meta.label_shift=-0.5", "'meta.label_shift' = -0.5 is not allowed: expected a number "
+                              ">= 0"),
+    ("meta.label_shift=0.5", "'meta.label_shift' = 0.5 is not allowed: expected 0 with a "
+                             "'binary' head"),
     ("train.pretrain_steps=-5", "'train.pretrain_steps' = -5 is not allowed: expected an "
                                 "integer >= 0"),
     ("train.valid_resplits=0", "'train.valid_resplits' = 0 is not allowed: expected an "
