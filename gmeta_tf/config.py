@@ -725,20 +725,18 @@ def check_consistency(config: PipelineConfig) -> None:
             raise _fail(key, value, f"0 for tower '{model.tower}' with a '{model.head.kind}' "
                         f"head (ridge adaptation solves MeLU's output layer for a rating head's "
                         f"squared error)")
-    if config.meta.within_task_loss and model.head.kind != "rating":
-        raise _fail("meta.within_task_loss", config.meta.within_task_loss,
-                    f"0 with a '{model.head.kind}' head (a task's centred squared error is "
-                    f"of ratings)")
-    if config.meta.label_shift and model.head.kind != "rating":
-        raise _fail("meta.label_shift", config.meta.label_shift,
-                    f"0 with a '{model.head.kind}' head (a task's ratings are shifted)")
-    if config.meta.label_shift and not config.meta.enabled:
-        raise _fail("meta.label_shift", config.meta.label_shift,
-                    "0 with meta.enabled: false (it shifts a meta task's ratings)")
-    if config.meta.within_task_loss and not config.meta.enabled:
-        raise _fail("meta.within_task_loss", config.meta.within_task_loss,
-                    "0 with meta.enabled: false (a plain model's row batches hold no "
-                    "whole tasks)")
+    # Options of a meta task's ratings: (key, why a rating head, why meta-learning).
+    for key, of_ratings, of_tasks in (
+            ("within_task_loss", "a task's centred squared error is of ratings",
+             "a plain model's row batches hold no whole tasks"),
+            ("label_shift", "a task's ratings are shifted",
+             "it shifts a meta task's ratings")):
+        value = getattr(config.meta, key)
+        if value and model.head.kind != "rating":
+            raise _fail(f"meta.{key}", value,
+                        f"0 with a '{model.head.kind}' head ({of_ratings})")
+        if value and not config.meta.enabled:
+            raise _fail(f"meta.{key}", value, f"0 with meta.enabled: false ({of_tasks})")
     if model.members > 1 and config.meta.enabled:
         raise _fail("model.members", model.members, "1 with meta.enabled: true (an ensemble "
                     "of towers trains as a plain model)")
