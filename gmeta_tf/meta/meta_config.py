@@ -100,15 +100,19 @@ class MetaConfig:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))
         object.__setattr__(self, "adapt_embeddings", _names(self.adapt_embeddings))
         config_fields.check(self)
-        if self.algorithm == "reptile":  # its dense update does not follow the outer loss
-            for key, what in (("multi_step_loss", "the multi-step loss"),
-                              ("plain_loss", "the plain loss"),
-                              ("within_task_loss", "the within-task loss"),
-                              ("label_shift", "the label shift")):
+        if self.algorithm == "reptile":
+            outer = "its dense update does not follow the outer loss"
+            for key, what, why in (
+                    ("multi_step_loss", "the multi-step loss", outer),
+                    ("plain_loss", "the plain loss", outer),
+                    ("within_task_loss", "the within-task loss", outer),
+                    ("label_shift", "the label shift",
+                     "its dense update would see the shift only through the support rows it "
+                     "adapts on, and the shift was measured only against the query loss")):
                 if getattr(self, key):
                     raise FieldError(type(self).__name__, key, getattr(self, key),
-                                     f"0 with algorithm 'reptile' (its dense update does not "
-                                     f"follow the outer loss; {what} is for maml and fomaml)")
+                                     f"0 with algorithm 'reptile' ({why}; {what} is for "
+                                     f"maml and fomaml)")
 
     @property
     def first_order(self) -> bool:
