@@ -54,6 +54,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
+from gmeta_tf.machine import machine  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 ML100K = ROOT.parent / "shared" / "data" / "ml-100k"
 METRICS = ("auc", "mae", "ndcg@3")
@@ -315,7 +317,8 @@ def main() -> None:
                       "trials_per_contender": trials, "scored": "cold users, once per seed",
                       "table": table, "paired_meta_minus_other": differences,
                       "meta_better_on_every_seed_and_metric": wins, "runs": runs,
-                      "reference_melu_ml1m": {"melu5_mae": 0.785, "wide_deep_mae": 1.069}}))
+                      "reference_melu_ml1m": {"melu5_mae": 0.785, "wide_deep_mae": 1.069},
+                      "machine": machine()}))
 
 
 def _dataset_name(args) -> str:

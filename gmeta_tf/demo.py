@@ -133,9 +133,12 @@ def summary_table(config: PipelineConfig, np_: int, seconds: dict[str, float],
     ]
     columns = [c for c in TABLE_COLUMNS if any(r.get(c) is not None for r in evaluation["rows"])]
     columns = [c if c != "ndcg@3" else f"ndcg@{config.eval.ndcg_k}" for c in columns]
+    machine = train.get("machine") or {}
     return "\n".join([
         f"gmeta demo: pipeline '{config.name}' ({config.data.source} data), "
-        f"{sum(seconds.values()):.0f}s in all",
+        f"{sum(seconds.values()):.0f}s in all"
+        + (f"\nmachine (rank 0): {machine['cpu']}; {', '.join(machine['instruction_sets'])}"
+           if machine.get("cpu") else ""),
         format_table(stages, ["stage", "seconds", "result"]),
         "",
         "cold-start tasks (never trained on, never used to choose anything; adapted on their "

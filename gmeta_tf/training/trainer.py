@@ -60,6 +60,7 @@ from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config, tuned_world_size
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.graph_function import graph_function
+from gmeta_tf.machine import machine
 from gmeta_tf.training.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.meta.task_adapter import initial_ridge
@@ -711,7 +712,8 @@ class Trainer:
                              {n: s for n, s in selection.finished.items()
                               if n not in selection.halted})
         if self.rank == 0:
-            summary = {**dataclasses.asdict(result), "samples_per_sec": result.samples_per_sec}
+            summary = {**dataclasses.asdict(result), "samples_per_sec": result.samples_per_sec,
+                       "machine": machine()}  # rank 0's: the figures depend on the CPU
             write_text_atomically(Path(self.config.run_dir, SUMMARY_FILE),
                                   json.dumps(summary, indent=1))
             log.info("done: %d steps in %.1fs, %.0f samples/s, loss %.4f, checkpoint %s",

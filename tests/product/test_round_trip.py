@@ -37,6 +37,8 @@ def test_training_wrote_checkpoints_summary_and_tensorboard(trained):
     assert np.isfinite(summary["final_loss"]) and summary["alltoall_bytes_per_step"] > 0
     assert Path(summary["checkpoint"]).name == "ckpt-8"
     assert os.listdir(trained.tensorboard_dir)
+    # The figures depend on the CPU's kernels: the summary names the machine.
+    assert summary["machine"]["cpu"] and summary["machine"]["cores"] >= 1
 
 
 def test_eval_compares_meta_model_with_baseline(trained):
@@ -48,6 +50,7 @@ def test_eval_compares_meta_model_with_baseline(trained):
     adapted = next(r for n, r in rows.items() if n.startswith("meta (maml, adapted"))
     meta_plain, base_plain = rows["meta, no adaptation"], rows["baseline, no fine-tuning"]
     assert any(n.startswith("baseline fine-tuned") for n in rows), list(rows)
+    assert result["machine"]["cpu"] and "instruction_sets" in result["machine"]
 
     models, manifest = restore_models(trained)
     assert manifest["step"] == result["step"]  # the checkpoint gmeta eval chose
