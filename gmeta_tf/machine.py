@@ -4,8 +4,8 @@ A run is a function of its config and the machine: on one machine it reproduces 
 bit, but TensorFlow's matrix products go through oneDNN, whose kernels are chosen by the
 CPU's instruction set, and their rounding differs (with second-order MAML the fourth
 decimal of a cold-start table moves; README, "Running the main job"). So
-``train_summary.json``, ``eval/<split>.json`` and the benchmarks' JSON lines carry
-``machine()``, and two figures can be told apart by what made them. No TensorFlow here.
+``train_summary.json``, ``eval/<split>.json`` and the cold-start benchmark's JSON line
+carry ``machine()``, and two figures can be told apart by what made them. No TensorFlow here.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from pathlib import Path
 from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
 from gmeta_tf.atomic_file import write_text_atomically
-from gmeta_tf.machine import machine
 from gmeta_tf.config import ConfigError, PipelineConfig
+from gmeta_tf.machine import machine
 from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.evaluation import (comparison, comparison_dict, format_gaps, format_table,
                                          paired_against_first)
@@ -157,7 +157,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
     out_dir = Path(config.run_dir, EVAL_DIR)
     os.makedirs(out_dir, exist_ok=True)
     references = fit_reference_predictors(models, config)
-    results = []
+    results, host = [], machine()  # one record for every target of this process
     for name, split, dataset, role in targets:
         compared = comparison(models, config, split=split, path=dataset,
                               references=references)
@@ -170,7 +170,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         result = {"name": name, "role": role, "step": info["step"],
                   "checkpoint": info["directory"], "chosen": info.get("chosen"),
                   "split": split, "data": dataset, "rows": rows,
-                  "references": references.chosen, "paired": paired, "machine": machine()}
+                  "references": references.chosen, "paired": paired, "machine": host}
         file = out_dir / f"{name}.json"
         write_text_atomically(file, json.dumps(result, indent=1))
         result["table"] = "\n\n".join(t for t in (
