@@ -14,9 +14,13 @@ import os
 import platform
 from pathlib import Path
 
-# The flags oneDNN's kernel choice turns on, as /proc/cpuinfo spells them.
+# The flags oneDNN's kernel choice turns on, as /proc/cpuinfo spells them: x86's "flags"
+# line, then AArch64's "Features" line (Advanced SIMD, its dot product, SVE, bf16, int8).
 INSTRUCTION_SETS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni",
-                    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+                    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+                    "asimd", "asimddp", "sve", "sve2", "bf16", "i8mm")
+# What names an AArch64 CPU, whose /proc/cpuinfo has no model name.
+ARM_FIELDS = ("CPU implementer", "CPU architecture", "CPU variant", "CPU part", "CPU revision")
 # Environment variables that change which kernels run.
 KERNEL_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "TF_ENABLE_ONEDNN_OPTS")
 
@@ -24,7 +28,8 @@ KERNEL_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "TF_ENABLE_ONEDNN_OPTS")
 def cpu_from_cpuinfo(text: str) -> tuple[str | None, list[str]]:
     """(a name for the first CPU of a /proc/cpuinfo text, the INSTRUCTION_SETS among its
     flags). The name is its model name with vendor, family, model, stepping and cache size
-    (a virtual machine's model name alone is often just "Xeon Processor")."""
+    (a virtual machine's model name alone is often just "Xeon Processor"); an AArch64 CPU,
+    which has none, is named by its implementer, architecture, variant, part and revision."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -33,13 +38,16 @@ def cpu_from_cpuinfo(text: str) -> tuple[str | None, list[str]]:
             continue
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
-    if "model name" not in fields:
-        return None, []
-    details = [f"{k} {fields[k]}" for k in ("vendor_id", "cpu family", "model", "stepping",
-                                            "cache size") if k in fields]
-    name = fields["model name"] + (f" ({', '.join(details)})" if details else "")
-    flags = set(fields.get("flags", "").split())
-    return name, [s for s in INSTRUCTION_SETS if s in flags]
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    sets = [s for s in INSTRUCTION_SETS if s in flags]
+    if "model name" in fields:
+        details = [f"{k} {fields[k]}" for k in ("vendor_id", "cpu family", "model", "stepping",
+                                                "cache size") if k in fields]
+        return fields["model name"] + (f" ({', '.join(details)})" if details else ""), sets
+    if "CPU part" in fields:
+        return "AArch64 (" + ", ".join(f"{k} {fields[k]}" for k in ARM_FIELDS
+                                      if k in fields) + ")", sets
+    return None, []
 
 
 def machine(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:

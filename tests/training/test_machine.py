@@ -29,6 +29,27 @@ def test_first_cpu_named_with_family_model_and_cache_and_its_instruction_sets():
     assert sets == ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "amx_tile"]
 
 
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics asimddp sve i8mm bf16
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x1
+CPU part\t: 0xd40
+CPU revision\t: 1
+
+processor\t: 1
+Features\t: fp
+"""
+
+
+def test_aarch64_cpu_named_by_implementer_and_part_and_its_instruction_sets():
+    name, sets = cpu_from_cpuinfo(ARM_CPUINFO)
+    assert name == ("AArch64 (CPU implementer 0x41, CPU architecture 8, CPU variant 0x1, "
+                    "CPU part 0xd40, CPU revision 1)")
+    assert sets == ["asimd", "asimddp", "sve", "bf16", "i8mm"]
+
+
 def test_cpuinfo_without_a_model_name_gives_none():
     assert cpu_from_cpuinfo("processor\t: 0\nflags\t: avx2\n") == (None, [])
 
