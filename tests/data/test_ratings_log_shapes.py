@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from benchmarks.cold_start import ratings_only_config
+from benchmarks.cold_start import paired, ratings_only_config
 from gmeta_tf import data
 from gmeta_tf.config import load_config
 
@@ -67,3 +67,17 @@ def test_flags_of_the_ratings_only_run_are_refused_without_it(tmp_path):
                              cwd=ROOT, capture_output=True, text=True)
         assert run.returncode == 2, run.stderr
         assert f"{flags[0]} reshapes the ratings-only run; add --ratings-only" in run.stderr
+
+
+def test_paired_counts_a_lead_smaller_than_the_tables_rounding():
+    """A seed where the meta model leads by 0.00003 is a seed it is better on, though its
+    rounded gap reads +0.0; a tie is not; MAE counts lower as better."""
+    def run(meta_ndcg, other_ndcg, meta_mae, other_mae):
+        rows = {"auc": 0.7, "ndcg@3": 0.0, "mae": 0.0}
+        return {"rows": {"meta": {**rows, "ndcg@3": meta_ndcg, "mae": meta_mae},
+                         "other": {**rows, "ndcg@3": other_ndcg, "mae": other_mae}}}
+    gaps = paired([run(0.87821, 0.87818, 0.80, 0.81), run(0.88, 0.88, 0.80, 0.79)])["other"]
+    assert gaps["ndcg@3"]["per_seed"] == [0.0, 0.0]
+    assert gaps["ndcg@3"]["better_on_seeds"] == 1
+    assert gaps["mae"]["per_seed"] == [0.01, -0.01] and gaps["mae"]["better_on_seeds"] == 1
+    assert gaps["auc"]["better_on_seeds"] == 0
