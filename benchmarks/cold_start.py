@@ -214,7 +214,7 @@ def paired(runs: list[dict]) -> dict:
             out[other][m] = {"per_seed": diffs, "mean": round(float(np.mean(exact)), 4),
                              "better_on_seeds": sum(d > 0 for d in exact),
                              "interval_per_seed": intervals,
-                             "mean_interval": _mean_interval(diffs, intervals)}
+                             "mean_interval": _mean_interval(exact, intervals)}
     return out
 
 
