@@ -25,7 +25,8 @@ from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.machine import machine
 from gmeta_tf.training.config_check import check_against_dataset
-from gmeta_tf.training.evaluation import (comparison, comparison_dict, format_gaps, format_table,
+from gmeta_tf.training.evaluation import (by_support_size, comparison, comparison_dict,
+                                         format_by_support_size, format_gaps, format_table,
                                          paired_against_first)
 from gmeta_tf.training.model_builder import Models, build_models, set_configured_blend
 from gmeta_tf.training.selection import best_checkpoints
@@ -162,19 +163,22 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         compared = comparison(models, config, split=split, path=dataset,
                               references=references)
         rows = comparison_dict(compared)
-        paired = paired_against_first(compared, models.model.head.kind, config.eval.ndcg_k,
-                                      per_task=models.is_meta)
+        kind, k = models.model.head.kind, config.eval.ndcg_k
+        paired = paired_against_first(compared, kind, k, per_task=models.is_meta)
+        bands = by_support_size(compared, kind, k) if models.is_meta else []
         k_column = f"ndcg@{config.eval.ndcg_k}"
         columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
         columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
         result = {"name": name, "role": role, "step": info["step"],
                   "checkpoint": info["directory"], "chosen": info.get("chosen"),
                   "split": split, "data": dataset, "rows": rows,
-                  "references": references.chosen, "paired": paired, "machine": host}
+                  "references": references.chosen, "paired": paired,
+                  "by_support_size": bands, "machine": host}
         file = out_dir / f"{name}.json"
         write_text_atomically(file, json.dumps(result, indent=1))
         result["table"] = "\n\n".join(t for t in (
-            format_table(rows, columns), format_gaps(compared[0].name, paired, columns)) if t)
+            format_table(rows, columns), format_gaps(compared[0].name, paired, columns),
+            format_by_support_size(bands, columns)) if t)
         result["file"] = str(file)
         results.append(result)
     return results

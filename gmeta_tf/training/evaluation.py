@@ -173,14 +173,16 @@ def row_predict(model: tf.keras.Model) -> PredictFn:
 
 @dataclasses.dataclass
 class ScoredRows:
-    """Scored rows: per row its task, prediction, the head's label, the 0/1 label of AUC
-    and the relevance of nDCG."""
+    """Scored rows: per row its task, prediction, the head's label, the 0/1 label of AUC,
+    the relevance of nDCG and how many support rows its task was adapted on (0 for row
+    data)."""
 
     task_id: np.ndarray
     prediction: np.ndarray
     label: np.ndarray
     binary: np.ndarray
     relevance: np.ndarray
+    support: np.ndarray
 
     @classmethod
     def concat(cls, parts: list["ScoredRows"]) -> "ScoredRows":
@@ -211,9 +213,11 @@ def score_tasks(predict: PredictFn, batches: Iterable[Mapping],
         query = batch["query"]
         real = np.asarray(query["mask"]) > 0
         ids = np.broadcast_to(np.asarray(batch["task_id"])[:, None], real.shape)
+        support = np.broadcast_to(
+            (np.asarray(batch["support"]["mask"]) > 0).sum(axis=1)[:, None], real.shape)
         parts.append(ScoredRows(ids[real], p[real], np.asarray(query[label])[real],
                                 np.asarray(query[binary])[real],
-                                np.asarray(query[relevance])[real]))
+                                np.asarray(query[relevance])[real], support[real]))
     return ScoredRows.concat(parts)
 
 
@@ -222,7 +226,8 @@ def score_rows(predict: PredictFn, batches: Iterable[Mapping],
     """Every row of row batches, scored by ``predict`` ([B])."""
     label, binary, relevance = labels
     parts = [ScoredRows(np.asarray(b["task_id"]), np.asarray(predict(b)), np.asarray(b[label]),
-                        np.asarray(b[binary]), np.asarray(b[relevance])) for b in batches]
+                        np.asarray(b[binary]), np.asarray(b[relevance]),
+                        np.zeros(len(b["task_id"]), np.int64)) for b in batches]
     return ScoredRows.concat(parts)
 
 
@@ -424,6 +429,57 @@ def paired_against_first(rows: list[ComparedRow], kind: str, k: int, per_task: b
                        per_task, seed=seed)
     out = [{"name": r.name, **g} for r, g in zip(rows[1:], gaps)]
     return _finite_or_none(out)
+
+
+def support_size_bands(sizes: np.ndarray, bands: int = 3) -> list[tuple[int, int]]:
+    """Up to ``bands`` ranges ``(low, high)`` of support sizes, inclusive, that split the
+    tasks (``sizes``: one per task) into groups as equal as ties allow, fewest rows first;
+    fewer when the tasks have fewer distinct sizes."""
+    sizes = np.sort(np.asarray(sizes, np.int64))
+    if not len(sizes):
+        return []
+    edges = sorted({int(sizes[min(len(sizes) - 1, math.ceil(len(sizes) * b / bands) - 1)])
+                    for b in range(1, bands + 1)})
+    lows = [int(sizes[0])] + [e + 1 for e in edges[:-1]]
+    return [(lo, hi) for lo, hi in zip(lows, edges) if ((sizes >= lo) & (sizes <= hi)).any()]
+
+
+def by_support_size(rows: list[ComparedRow], kind: str, k: int, bands: int = 3) -> list[dict]:
+    """Each row's metrics on the tasks of each band of support sizes (``support_size_bands``
+    of the scored tasks): which new users each model serves well, the fewest-rated apart.
+    A band holds a third of the tasks, so its figures are noisier than the whole split's.
+
+    Returns:
+        Per band ``{"support": "low-high", "tasks": n, "rows": [{"name", metrics...}]}``;
+        empty for row data (no support rows) or no rows.
+    """
+    if not rows or not len(rows[0].scored.task_id) or not rows[0].scored.support.any():
+        return []
+    first = rows[0].scored
+    _, at = np.unique(first.task_id, return_index=True)
+    out = []
+    for low, high in support_size_bands(first.support[at], bands):
+        keep = (first.support >= low) & (first.support <= high)
+        band_rows = []
+        for r in rows:
+            s = r.scored
+            overall = report_from_rows(s.task_id[keep], s.prediction[keep], s.label[keep],
+                                       s.binary[keep], s.relevance[keep], kind, k).overall
+            band_rows.append({"name": r.name, **{m: _json_number(v) for m, v in overall.items()}})
+        out.append({"support": f"{low}-{high}", "tasks": band_rows[0]["tasks"],
+                    "rows": band_rows})
+    return out
+
+
+def format_by_support_size(bands: list[dict], metrics: list[str]) -> str:
+    """``by_support_size`` as one table: a line per band and row, the given metrics."""
+    if not bands:
+        return ""
+    head = ("by the number of support rows a task was adapted on (each band about a third "
+            "of the tasks, so noisier than the table above)")
+    lines = [{"support": b["support"], **r} for b in bands for r in b["rows"]]
+    columns = ["support", "name", *[m for m in metrics if m != "name"]]
+    return head + "\n" + format_table(lines, columns)
 
 
 def _finite_or_none(value):

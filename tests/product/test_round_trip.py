@@ -76,6 +76,40 @@ def test_eval_compares_meta_model_with_baseline(trained):
             assert gap["low"] <= gap["gap"] <= gap["high"] and 0.0 <= gap["first_better"] <= 1.0
 
 
+def test_eval_scores_the_cold_tasks_by_support_size_too(trained):
+    """cold.json's ``by_support_size``: bands of the cold tasks by how many support rows each
+    was adapted on, every task in one, each band's unadapted AUC that of its own tasks'
+    query rows (recomputed here from the data's support masks)."""
+
+    result = json.loads(Path(trained.run_dir, "eval", f"{trained.eval.split}.json").read_text())
+    bands = result["by_support_size"]
+    total = result["rows"][0]["tasks"]
+    assert bands and sum(b["tasks"] for b in bands) == total
+    assert all([r["name"] for r in b["rows"]] == [r["name"] for r in result["rows"]]
+               for b in bands)
+    edges = [tuple(map(int, b["support"].split("-"))) for b in bands]
+    assert all(lo <= hi for lo, hi in edges)
+    assert all(a[1] < b[0] for a, b in zip(edges, edges[1:]))
+
+    models, _ = restore_models(trained)
+    label = trained.eval.binary_label or models.model.head.label
+    scores, labels, support = [], [], []
+    for batch in meta_io.read_tasks(str(trained.data.path), 8, None, None, split="cold"):
+        real = np.asarray(batch["query"]["mask"]) > 0
+        sizes = (np.asarray(batch["support"]["mask"]) > 0).sum(axis=1)
+        scores.append(np.asarray(models.model.adapted_predictions(batch, steps=0))[real])
+        labels.append(np.asarray(batch["query"][label])[real])
+        support.append(np.broadcast_to(sizes[:, None], real.shape)[real])
+    scores, labels, support = map(np.concatenate, (scores, labels, support))
+    for band, (low, high) in zip(bands, edges):
+        keep = (support >= low) & (support <= high)
+        plain = next(r for r in band["rows"] if r["name"] == "meta, no adaptation")
+        assert plain["rows"] == int(keep.sum())
+        if plain["auc"] is not None:
+            np.testing.assert_allclose(plain["auc"], pooled_auc(labels[keep], scores[keep]),
+                                       atol=1e-4)
+
+
 def test_eval_validation_scores_the_validation_split_the_same_way(trained):
     """``gmeta eval --validation`` also writes eval/valid.json: the same contenders on every
     validation task's query rows (recomputed here), with their paired gaps; cold.json is
