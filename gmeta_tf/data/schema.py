@@ -31,6 +31,8 @@ import pyarrow as pa
 from gmeta_tf.data.errors import DataError
 
 TASK_COLUMN = "task_id"
+#: The label a converter writes: the file's own, or 0/1 derived from it by a threshold.
+LABEL_COLUMN = "label"
 #: Where a source has no task column every row is its own task, numbered
 #: ``file index << ROW_TASK_BITS | row`` so that the rows of several input files never share one.
 ROW_TASK_BITS = 40

@@ -152,10 +152,31 @@ SPLIT = data.SplitConfig(query_size=3, min_rows=5)
                                             ("7", "label out of range")])
 def test_converter_rejects_bad_labels(tmp_path, value, problem):
     src = write_csv(tmp_path / "in.csv", GOOD[:50] + [f"4,99,{value}"] + GOOD[50:])
-    with pytest.raises(data.DataError, match=f"{src}: column 'label': task 4: line 52: {problem}"):
+    with pytest.raises(data.DataError,
+                       match=f"{src}: column 'label': task '4': line 52: {problem}"):
         data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["in.csv"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("mapping, value, expected", [
+    ({"label": "rating", "label_threshold": 4}, "nan", r"NaN or missing label \(got nan, "
+     r"expected a number\)"),
+    ({"label": "rating", "label_threshold": 4, "label_range": [0.5, 5]}, "7",
+     r"label out of range \(got 7.0, expected a number in \[0.5, 5\]\)"),
+    ({"label": "rating"}, "nan", r"NaN or missing label \(got nan, expected a number\)"),
+])
+def test_a_bad_label_is_named_as_the_file_names_it(tmp_path, mapping, value, expected):
+    """A label the converter derives (rating >= 4) or stores under another name ('label')
+    is reported by the file's own column and task value, not the stored ones."""
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(["user_id,item_id,rating"] + [f"u{u},{i},{1 + (u + i) % 5}" for u in
+                   range(1, 6) for i in range(20)][:50] + [f"u4,99,{value}"]) + "\n")
+    with pytest.raises(data.DataError,
+                       match=f"{src}: column 'rating': task 'u4': line 52: {expected}"):
+        data.convert_csv(str(src), str(tmp_path / "out"),
+                         {"task": "user_id", "sparse": ["item_id"], **mapping}, split=SPLIT)
+    assert not (tmp_path / "out").exists()
 
 
 def test_converter_skips_bad_labels_with_a_count(tmp_path, caplog):

@@ -47,11 +47,12 @@ from gmeta_tf.data.converters.csv_lines import CsvCounts, numbers, text_batches,
 from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
-from gmeta_tf.data.schema import ROW_TASK_BITS, TASK_COLUMN, Feature, FeatureKind, Schema
+from gmeta_tf.data.schema import (LABEL_COLUMN, ROW_TASK_BITS, TASK_COLUMN, Feature,
+                                  FeatureKind, Schema)
 from gmeta_tf.data.split import ORDER_COLUMN, SplitConfig
 
 log = logging.getLogger(__name__)
-LABEL = "label"
+LABEL = LABEL_COLUMN
 
 
 @dataclasses.dataclass
@@ -223,8 +224,10 @@ class _RowParser:
             text = {k: v.filter(pa.array(keep)) for k, v in text.items()}
             values = {k: v[keep] for k, v in values.items()}
             lines = lines[keep]
+        own = {LABEL: m.label} if m.label_threshold is None and m.label != LABEL else {}
         return RawBatch(columns_to_batch(self._columns(text, values, lines, file_index)),
-                        path, 0, lines)
+                        path, 0, lines, file_columns=own,
+                        task_text=pc.utf8_trim_whitespace(text[m.task]) if m.task else None)
 
     def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str) -> np.ndarray | None:
         """None when every row is good; otherwise the rows to keep (policy "skip")."""

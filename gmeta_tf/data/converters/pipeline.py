@@ -22,7 +22,7 @@ import pyarrow as pa
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.partition import TaskPartitioner
-from gmeta_tf.data.schema import TASK_COLUMN, Schema
+from gmeta_tf.data.schema import LABEL_COLUMN, TASK_COLUMN, Schema
 from gmeta_tf.data.split import SPLITS, SplitConfig, split_record, split_tasks
 from gmeta_tf.data.writer import DatasetWriter
 
@@ -95,12 +95,26 @@ class RawBatch:
     source: str
     first_row: int  # 0-based index of the batch's first data row in ``source``
     lines: np.ndarray | None = None  # the physical line of every row, when known
+    # the file's own name of a stored column where it differs (a CSV's 'click' stored as
+    # 'label'), and every row's task as the file writes it (before hashing), when known
+    file_columns: dict[str, str] = dataclasses.field(default_factory=dict)
+    task_text: pa.Array | None = None
 
     def where(self, i: int) -> str:
         """Row ``i`` in words, for an error message."""
         if self.lines is not None:
             return f"line {int(self.lines[i])}"
         return f"row {self.first_row + i}"
+
+    def column(self, name: str) -> str:
+        """A stored column as the file names it."""
+        return self.file_columns.get(name, name)
+
+    def task(self, i: int):
+        """Row ``i``'s task as the file writes it, else its stored id."""
+        if self.task_text is not None:
+            return repr(self.task_text[i].as_py())
+        return self.batch.column(TASK_COLUMN)[i].as_py()
 
 
 def record_batches(open_reader: Callable[[], Any], path: str,
@@ -142,17 +156,20 @@ def check_labels(raw: RawBatch, schema: Schema, policy: str) -> tuple[pa.RecordB
         DataError: naming source file, row, column, task and value (policy "error").
     """
     bad = np.zeros(raw.batch.num_rows, bool)
-    for label in schema.labels:
+    # The file's own label column (a rating) before the 0/1 label derived from it, so that
+    # an error names the column and value the file holds.
+    for label in sorted(schema.labels, key=lambda f: f.name == LABEL_COLUMN):
         values = raw.batch.column(label.name).to_numpy(zero_copy_only=False).astype(np.float64)
         lo, hi = label.value_range or (-np.inf, np.inf)
         this_bad = np.isnan(values) | (values < lo) | (values > hi)
         if this_bad.any() and policy == "error":
             i = int(np.flatnonzero(this_bad)[0])
-            task = raw.batch.column(TASK_COLUMN)[i].as_py()
             what = "NaN or missing label" if np.isnan(values[i]) else "label out of range"
             raise DataError(f"{raw.where(i)}: {what}", file=raw.source,
-                            column=label.name, task=task, value=float(values[i]),
-                            expected=f"a number in [{lo:g}, {hi:g}]")
+                            column=raw.column(label.name), task=raw.task(i),
+                            value=float(values[i]),
+                            expected=(f"a number in [{lo:g}, {hi:g}]"
+                                      if np.isfinite([lo, hi]).all() else "a number"))
         bad |= this_bad
     if not bad.any():
         return raw.batch, 0
