@@ -52,6 +52,18 @@ Status VectorLength(InferenceContext* c, int index, DimensionHandle* n) {
   return ::tensorflow::OkStatus();
 }
 
+// Shape function of the lookups: input 1 the ids [n]; outputs a [n, dim] row each and a
+// [n] vector (row handles, or whether each id was found).
+Status RowsOfIdsShape(InferenceContext* c) {
+  DimensionHandle n;
+  TF_RETURN_IF_ERROR(VectorLength(c, 1, &n));
+  int64_t dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  c->set_output(0, c->Matrix(n, dim));
+  c->set_output(1, c->Vector(n));
+  return ::tensorflow::OkStatus();
+}
+
 // ---------------------------------------------------------------------------------------
 REGISTER_OP("GmetaHashTable")
     .Output("table: resource")
@@ -113,15 +125,7 @@ REGISTER_OP("GmetaTableLookupOrInsert")
     .Output("row_handles: int64")
     .Attr("dim: int >= 1")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      DimensionHandle n;
-      TF_RETURN_IF_ERROR(VectorLength(c, 1, &n));
-      int64_t dim;
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      c->set_output(0, c->Matrix(n, dim));
-      c->set_output(1, c->Vector(n));
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(RowsOfIdsShape)
     .Doc("Rows of ids, inserting missing ids with their deterministic initial row (hot ids "
          "read the cache, which admits by exact frequency); row_handles let "
          "GmetaTableApplyGradients reach the rows without probing again.");
@@ -167,15 +171,7 @@ REGISTER_OP("GmetaTableLookup")
     .Output("values: float")
     .Output("found: bool")
     .Attr("dim: int >= 1")
-    .SetShapeFn([](InferenceContext* c) {
-      DimensionHandle n;
-      TF_RETURN_IF_ERROR(VectorLength(c, 1, &n));
-      int64_t dim;
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      c->set_output(0, c->Matrix(n, dim));
-      c->set_output(1, c->Vector(n));
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(RowsOfIdsShape)
     .Doc("Read-only lookup (through the cache): ids without a row read the default row; "
          "nothing is inserted or counted.");
 
