@@ -34,7 +34,7 @@ def initial_ridge(tower: Tower, ridge: float) -> Callable[[], tf.Tensor]:
     """The ridge strengths ``[ridge_size]`` a model's solve starts from (the baseline's,
     which it keeps): ``ridge`` for each weight on the last hidden layer and, under a label
     prior with factors (read by the output layer's last rows, ``MeLUTower.hidden``), the
-    prior's fold-in strength (``LabelPrior.fold_in_strength``) for each weight on a factor
+    prior's fold-in strengths (``LabelPrior.fold_in_strengths``) for each weight on a factor
     and for the bias, so that with the hidden weights held the solve is the
     factorisation's own fold-in of the task."""
     size = ridge_size(tower)
@@ -42,8 +42,8 @@ def initial_ridge(tower: Tower, ridge: float) -> Callable[[], tf.Tensor]:
                else 0)
     if not factors:
         return lambda: tf.fill([size], float(ridge))
-    folded_in = tf.constant([False] * (size - 1 - factors) + [True] * (factors + 1))
-    return lambda: tf.where(folded_in, tower.prior.fold_in_strength(), float(ridge))
+    return lambda: tf.concat([tf.fill([size - 1 - factors], float(ridge)),
+                              tower.prior.fold_in_strengths()], axis=0)
 
 
 def ridge_fit(z: tf.Tensor, residual: tf.Tensor, mask: tf.Tensor,
@@ -82,7 +82,7 @@ def fold_in_outputs(tower: Tower, head: Head, support: RoleBatch, query: RoleBat
         return tf.concat([q, tf.ones_like(q[..., :1])], axis=-1)                # [T, N, F+1]
 
     residual = tf.cast(support.labels, tf.float32) - head.offset - support.inputs[PRIOR_INPUT]
-    strengths = tf.fill([prior.factors + 1], prior.fold_in_strength())
+    strengths = prior.fold_in_strengths()
     fitted = ridge_fit(with_one(support), residual, support.mask, strengths)    # [T, F+1]
     return query.inputs[PRIOR_INPUT] + tf.linalg.matvec(with_one(query), fitted)
 

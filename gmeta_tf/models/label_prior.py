@@ -34,6 +34,12 @@ per user (inner steps, or the ridge solve of ``meta.ridge``) is then the fold-in
 user's factor against the items' fixed factors, the matrix-factorisation reference made
 a part of the tower, with the MLP beside it to learn what the factorisation misses. Out
 of fold as the means are: a training row reads factors fitted without its fold's tasks.
+The tower reads the factor vectors scaled down to an RMS norm of at most
+``MAX_FACTOR_NORM`` (``factor_scale``), and the fold-in's strength on their weights is
+raised by the square of that scale, so the fold-in is the same: the factors' scale comes
+from the data (the empirical-Bayes fold-in multiplies them by the users' factor spread
+over their bias spread, large on a log whose users barely differ in mean rating), and
+the inner loop's gradient steps at a given rate diverge on inputs too large.
 
 The table is variables (the values' ids, sorted; their priors plus a last row for unknown
 ids, 0 but under a factorisation's empirical fold-in prior; with folds, the out-of-fold
@@ -50,6 +56,10 @@ import tensorflow as tf
 PRIOR_INPUT = "label_prior"
 #: The tower input that carries each row's prior factors (``factors`` > 0).
 PRIOR_FACTORS = "label_prior_factors"
+#: The largest RMS norm of the factor vectors the tower reads (``LabelPrior.factor_scale``):
+#: above the 0.5-1.2 of MovieLens 100K's factorisations (32 factors, L2 3-10), below the
+#: 3-6 of a log whose users share one mean rating, on which MAML's inner loop diverged.
+MAX_FACTOR_NORM = 1.5
 _EPS = 1e-3
 
 
@@ -186,6 +196,24 @@ class LabelPrior(tf.Module):
         0): the one chosen with the factorisation, or its L2 for a prior saved without it."""
         return tf.where(self.fold_in >= 0.0, self.fold_in, self.damping)
 
+    def factor_scale(self) -> tf.Tensor:
+        """``c`` in (0, 1]: ``factors_of`` gives every factor vector times ``c``, so that
+        their RMS norm over the known ids is at most ``MAX_FACTOR_NORM``; exactly 1 where
+        it is already (a function of the stored factors, so a checkpoint or SavedModel
+        carries it with them)."""
+        rows = self.factor_rows[:-1]  # the last row is the unknown id's zeros
+        known = tf.cast(tf.maximum(tf.shape(rows)[0], 1), tf.float32)
+        norm = tf.sqrt(tf.reduce_sum(tf.square(rows)) / known)
+        return tf.where(norm > MAX_FACTOR_NORM, MAX_FACTOR_NORM / tf.maximum(norm, _EPS), 1.0)
+
+    def fold_in_strengths(self) -> tf.Tensor:
+        """``[F + 1]``: the fold-in's ridge strength on each weight of a factor vector as
+        ``factors_of`` scales it (``fold_in_strength`` times ``factor_scale`` squared: the
+        same fold-in as on the unscaled factors), then on the bias."""
+        strength = self.fold_in_strength()
+        return tf.concat([tf.fill([self.factors], strength * tf.square(self.factor_scale())),
+                          [strength]], axis=0)
+
     def _factor_rows(self, order: np.ndarray, factors, fold_factors):
         """The factor variables' values, in ``order`` with the unknown id's zero row."""
         n, f = len(order), self.factors
@@ -237,8 +265,8 @@ class LabelPrior(tf.Module):
         return tf.reshape(flat, tf.shape(ids))
 
     def factors_of(self, ids: tf.Tensor, task_ids: tf.Tensor | None = None) -> tf.Tensor:
-        """The factor vector of every id, ``ids``' shape + ``[F]`` (``factors`` > 0);
-        ``task_ids`` as in ``__call__``."""
+        """The factor vector of every id times ``factor_scale``, ``ids``' shape + ``[F]``
+        (``factors`` > 0); ``task_ids`` as in ``__call__``."""
         ids = tf.convert_to_tensor(ids)
         positions = sorted_positions(self.ids, tf.reshape(ids, [-1]))
         if task_ids is None or self.folds == 1:
@@ -246,4 +274,4 @@ class LabelPrior(tf.Module):
         else:
             folds = tf.reshape(self.fold_of(tf.broadcast_to(task_ids, tf.shape(ids))), [-1])
             flat = tf.gather_nd(self.fold_factor_rows, tf.stack([folds, positions], axis=1))
-        return tf.reshape(flat, tf.concat([tf.shape(ids), [self.factors]], 0))
+        return tf.reshape(flat * self.factor_scale(), tf.concat([tf.shape(ids), [self.factors]], 0))

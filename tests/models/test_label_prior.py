@@ -1,6 +1,8 @@
 """LabelPrior: each value's damped mean label, a fixed term of every tower's raw output,
 kept as it is while a task's weights adapt."""
 
+import copy
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,7 +11,7 @@ from gmeta_tf.meta import MetaConfig, MetaModel, role_batches, task_rows
 from gmeta_tf.meta.evaluation import fine_tuned_predictions, fold_in_predictions
 from gmeta_tf.meta.task_adapter import initial_ridge
 from gmeta_tf.models import CTRModel, DLRMTower, LabelPrior, MeLUTower, RatingHead
-from gmeta_tf.models.label_prior import PRIOR_INPUT
+from gmeta_tf.models.label_prior import MAX_FACTOR_NORM, PRIOR_INPUT
 from gmeta_tf.models.tower import PRIOR_SCALE
 from gmeta_tf.training.evaluation import chosen_blend
 from gmeta_tf.training.references import FactorModel, FeatureMean
@@ -227,8 +229,9 @@ def test_a_meta_model_and_its_baseline_train_on_out_of_fold_priors_and_score_the
 
 def test_a_factor_prior_gives_each_id_its_factors_and_training_rows_their_folds():
     rng = np.random.default_rng(4)
-    whole, factors = rng.normal(size=12), rng.normal(size=(12, 2))
-    fold_priors, fold_factors = rng.normal(size=(3, 12)), rng.normal(size=(3, 12, 2))
+    # factors of RMS norm under MAX_FACTOR_NORM: read as stored (factor_scale 1)
+    whole, factors = rng.normal(size=12), 0.5 * rng.normal(size=(12, 2))
+    fold_priors, fold_factors = rng.normal(size=(3, 12)), 0.5 * rng.normal(size=(3, 12, 2))
     prior = LabelPrior("item_id", "rating", folds=3, factors=2)
     order = rng.permutation(12)  # any order of ids
     with pytest.raises(ValueError, match=r"factors of shape None, expected \(12, 2\)"):
@@ -284,10 +287,11 @@ def test_a_ridge_adapted_melu_reading_factor_priors_is_the_factorisation_fold_in
 
 
 def _fold_in_data(seed: int):
-    """Ratings of 40 users on 12 items from 3 latent factors, and their factorisation."""
+    """Ratings of 40 users on 12 items from 3 latent factors, and their factorisation
+    (its factors' RMS norm under ``MAX_FACTOR_NORM``, so the tower reads them as fitted)."""
     rng = np.random.default_rng(seed)
     users, items = rng.integers(0, 40, 600), rng.integers(0, 12, 600)
-    taste, kind = rng.normal(size=(40, 3)), rng.normal(size=(12, 3))
+    taste, kind = 0.7 * rng.normal(size=(40, 3)), rng.normal(size=(12, 3))
     ratings = np.clip(3 + (taste[users] * kind[items]).sum(1) + rng.normal(0, .3, 600), 1, 5)
     return FactorModel(users, items, ratings, factors=3, reg=3.0)
 
@@ -321,6 +325,50 @@ def test_the_solve_shrinks_the_factors_and_bias_at_the_priors_fold_in_strength()
     meta.set_ridge_strengths(initial_ridge(tower, 30.0)().numpy())
     np.testing.assert_allclose(meta.ridge_strengths().numpy(),
                                [30.0] * tiny.HIDDEN + [3.0] * 4, rtol=1e-5)
+
+
+def test_factors_past_the_norm_cap_are_scaled_down_and_the_fold_in_is_the_same():
+    """Factors of RMS norm above ``MAX_FACTOR_NORM`` (a log whose users share one mean
+    rating makes the empirical-Bayes fold-in's factors that large) reach the tower scaled
+    to that norm, and the strength on their weights rises by the scale squared: the
+    fold-in in the graph and the baseline's solve with the MLP at zero are still the
+    factorisation's own fold-in of the unscaled factors. Under the cap nothing changes, to
+    the bit."""
+    fitted = _fold_in_data(5)
+    norm = np.sqrt((fitted.factors ** 2).sum(1).mean())
+    assert norm < MAX_FACTOR_NORM
+    big = copy.copy(fitted)
+    big.factors = fitted.factors * (4 * MAX_FACTOR_NORM / norm)
+    head = RatingHead("rating", offset=fitted.mean)
+    batch = tiny.tasks(4, support=8, query=4, seed=6)
+    support, real = batch["support"], batch["query"]["mask"] > 0
+    ids = tf.constant(fitted.keys)
+    for model, scale in ((fitted, 1.0), (big, 0.25)):
+        prior = LabelPrior("item_id", "rating", factors=3)
+        prior.assign(model.keys, model.biases, 3.0, factors=model.factors, fold_in=0.5)
+        assert float(prior.factor_scale().numpy()) == pytest.approx(scale, rel=1e-5)
+        read = prior.factors_of(ids).numpy()
+        if scale == 1.0:
+            np.testing.assert_array_equal(read, model.factors.astype(np.float32))
+        else:
+            np.testing.assert_allclose(np.sqrt((read ** 2).sum(1).mean()), MAX_FACTOR_NORM,
+                                       rtol=1e-5)
+        np.testing.assert_allclose(prior.fold_in_strengths().numpy(),
+                                   [0.5 * scale ** 2] * 3 + [0.5], rtol=1e-5)
+        tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
+        tower.prior = prior
+        np.testing.assert_allclose(initial_ridge(tower, 30.0)().numpy(),
+                                   [30.0] * tiny.HIDDEN + [0.5 * scale ** 2] * 3 + [0.5],
+                                   rtol=1e-5)
+        want = model.fold_in(support["item_id"], support["rating"], support["mask"],
+                             batch["query"]["item_id"], 0.5)
+        fold_in = fold_in_predictions(tower, head)(batch).numpy()
+        np.testing.assert_allclose(fold_in[real], want[real], rtol=1e-4, atol=1e-4)
+        _zero_tower(tower)
+        tower.params()[PRIOR_SCALE].assign(1.0)
+        baseline = CTRModel(tiny.embedding(), tower, head)
+        got = fine_tuned_predictions(baseline, 1, 1e-9, ridge=30.0, blended=False)(batch).numpy()
+        np.testing.assert_allclose(got[real], want[real], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("factors_in_output", [True, False])
