@@ -1,0 +1,110 @@
+"""``pipelines/ratings.yaml``, a ratings log alone (user, item, rating, time): its settings
+are ``pipelines/movielens.yaml``'s but for the side features, and the commands its header
+gives run as written on a small half-star log (data prepare, tune, train and eval on 2
+ranks, export), only the run shortened and its directories moved out of the project."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from gmeta_tf.config import load_config
+from tests.multiprocess import PROJECT_ROOT
+from tests.product.own_data import gmeta
+
+PIPELINES = PROJECT_ROOT / "pipelines"
+SIDE_FEATURE_KEYS = ("tables", "item_features", "user_features", "prior")
+SHORT = ["--set", "train.steps=6", "--set", "train.log_every=3", "--set", "train.eval_every=3",
+         "--set", "train.checkpoint_every=3", "--set", "train.eval_batches=1"]
+
+
+def test_the_ratings_pipeline_keeps_the_movielens_settings_but_the_side_features():
+    ratings = yaml.safe_load((PIPELINES / "ratings.yaml").read_text())
+    movielens = yaml.safe_load((PIPELINES / "movielens.yaml").read_text())
+    for section in ("meta", "train", "eval"):
+        assert ratings[section] == movielens[section], section
+    strip = lambda m: {k: v for k, v in m.items() if k not in SIDE_FEATURE_KEYS}  # noqa: E731
+    assert strip(ratings["model"]) == strip(movielens["model"])
+    assert ratings["model"]["prior"] == {**movielens["model"]["prior"], "feature": "item_id"}
+    assert ratings["model"]["tables"] == {"item_id": movielens["model"]["tables"]["item_id"]}
+    assert ratings["model"]["item_features"] == ["item_id"]
+    assert "user_features" not in ratings["model"]
+    for key in ("split", "tasks_per_batch", "support", "query"):
+        assert ratings["data"][key] == movielens["data"][key], key
+    config = load_config(PIPELINES / "ratings.yaml", tuned=False)
+    assert list(config.model.tables) == ["item_id"]
+
+
+def half_star_log(path: Path, users: int = 200, items: int = 150, seed: int = 0) -> int:
+    """user_id,item_id,rating,timestamp with half stars 0.5-5: each user's taste is a
+    factor, each item's appeal another; 14-30 ratings a user. Returns the rows."""
+    rng = np.random.default_rng(seed)
+    item_factor, item_bias = rng.normal(0, 1, items), rng.normal(0, 0.5, items)
+    rows = 0
+    with open(path, "w") as f:
+        f.write("user_id,item_id,rating,timestamp\n")
+        for u in range(1, users + 1):
+            taste = rng.normal(0, 1)
+            for k, item in enumerate(rng.choice(items, int(rng.integers(14, 31)), replace=False)):
+                score = 3.2 + item_bias[item] + taste * item_factor[item] + rng.normal(0, 0.4)
+                rating = float(np.clip(np.round(score * 2) / 2, 0.5, 5))
+                f.write(f"user{u},m{item},{rating:g},{1_600_000_000 + 1000 * u + k}\n")
+                rows += 1
+    return rows
+
+
+def header_commands() -> list[list[str]]:
+    """The ``gmeta`` commands of the pipeline's header comment, each split into words."""
+    lines = (PIPELINES / "ratings.yaml").read_text().splitlines()
+    return [line.lstrip("# ").split() for line in lines
+            if line.startswith("#") and line.lstrip("# ").startswith("gmeta ")]
+
+
+@pytest.fixture(scope="module")
+def ratings_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("ratings_pipeline")
+    rows = half_star_log(work / "my_ratings.csv")
+    moved = ["--set", f"run_dir={work}/run", "--set", f"data.path={work}/run/data",
+             "--set", f"export.dir={work}/run/export"]
+    commands = header_commands()
+    assert [c[1] for c in commands] == ["data", "tune", "train", "eval", "export"]
+    results = []
+    for words in commands:
+        words = [f"data.raw={work / 'my_ratings.csv'}" if w.endswith("my_ratings.csv") else w
+                 for w in words]
+        extra = moved + (SHORT if words[1] != "data" else [])
+        if words[1] == "tune":
+            extra += ["--trials", "1", "--rechecks", "0"]
+        result = subprocess.run([gmeta(), *words[1:], *extra], cwd=PROJECT_ROOT,
+                                capture_output=True, text=True, timeout=900,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        assert result.returncode == 0, f"{words} exited {result.returncode}:\n" \
+                                       f"{(result.stdout + result.stderr)[-5000:]}"
+        results.append(result)
+    return work, rows, results
+
+
+def test_the_header_commands_train_on_two_ranks_and_compare_on_cold_users(ratings_run):
+    work, rows, results = ratings_run
+    run = work / "run"
+    manifest = json.loads((run / "data" / "manifest.json").read_text())
+    assert manifest["split"]["rows_in"] == rows  # every line of the log read
+    assert {f["split"] for f in manifest["files"]} >= {"warm", "valid", "cold"}
+    assert json.loads((run / "train_summary.json").read_text())["world_size"] == 2
+    assert (run / "tuned.yaml").is_file()
+    cold = json.loads((run / "eval" / "cold.json").read_text())
+    names = [r["name"] for r in cold["rows"]]
+    assert names[0].startswith("meta (maml") and any(n.startswith("baseline fine-tuned")
+                                                     for n in names)
+    assert "reference: matrix factorisation fold-in" in names
+    assert all(np.isfinite(r["auc"]) and np.isfinite(r["mae"]) for r in cold["rows"])
+    assert cold["by_support_size"] and (run / "eval" / "valid.json").is_file()
+    assert list((run / "export").iterdir()), "no SavedModel exported"
+    assert not (PROJECT_ROOT / "runs" / "ratings").exists() or \
+        not any((PROJECT_ROOT / "runs" / "ratings").iterdir())
