@@ -38,7 +38,7 @@ from gmeta_tf import data as meta_io
 from gmeta_tf import distributed
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data.schema import TASK_COLUMN
-from gmeta_tf.models.label_prior import LabelPrior
+from gmeta_tf.models.label_prior import MAX_FACTOR_NORM, LabelPrior
 from gmeta_tf.training.references import (DAMPINGS, FOLD_IN_PRIORS, MF_FOLD_IN, MF_REGS,
                                           FactorModel, FeatureMean, FoldInTask,
                                           factorisations, fold_in_grid, loss_of,
@@ -185,11 +185,14 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
     variables = [prior.ids, prior.values, prior.fold_values, prior.factor_rows,
                  prior.fold_factor_rows, prior.damping, prior.fold_in]
     distributed.broadcast_variables(variables)
+    scale = float(prior.factor_scale().numpy())
     log.info("label prior of %r: a matrix factorisation with %d factors of %d values from %d "
              "training rows (mean %.4g), L2 %g, a new task folded in at strength %g under "
-             "the %s prior, %s%s",
+             "the %s prior%s, %s%s",
              feature, prior.factors, len(keys), len(labels), whole.mean, reg, strength,
              fold_in_prior,
+             "" if scale == 1.0 else f" (the tower reads its factors times {scale:.3g}: their "
+                                     f"RMS norm capped at {MAX_FACTOR_NORM:g})",
              f"training rows read it out of {prior.folds} folds of tasks"
              if folds else "training rows read it with their own labels",
              f" (validation fold-in MAE per ((L2, prior), strength): "
