@@ -108,3 +108,41 @@ def test_the_header_commands_train_on_two_ranks_and_compare_on_cold_users(rating
     assert list((run / "export").iterdir()), "no SavedModel exported"
     assert not (PROJECT_ROOT / "runs" / "ratings").exists() or \
         not any((PROJECT_ROOT / "runs" / "ratings").iterdir())
+
+
+def test_the_export_serves_the_capped_factors_as_the_trained_model(ratings_run, tmp_path):
+    """On this log (users share one mean rating) the prior's factors are past the norm
+    cap, so the tower reads them scaled down (``LabelPrior.factor_scale`` < 1): the
+    SavedModel, in a fresh process without gmeta_tf, serves both signatures as the
+    trained model predicts."""
+    from gmeta_tf import data as meta_io
+    from gmeta_tf.training.cold_start import restore_models
+    from tests.product.conftest import served, task_rows
+
+    work, _, _ = ratings_run
+    run = work / "run"
+    sets = [f"data.raw={work / 'my_ratings.csv'}", f"run_dir={run}", f"data.path={run}/data",
+            f"export.dir={run}/export"]
+    cwd = Path.cwd()
+    os.chdir(PROJECT_ROOT)  # the pipeline's relative paths, as its commands ran
+    try:
+        config = load_config("ratings", sets + [s for s in SHORT if s != "--set"])
+    finally:
+        os.chdir(cwd)
+    models, info = restore_models(config)
+    model = models.model
+    assert 0.0 < float(model.tower.prior.factor_scale().numpy()) < 1.0
+    batch = next(iter(meta_io.read_tasks(config.data.path, 2, None, None, split="cold")))
+    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
+    features = model.tower.feature_names
+    expected = model.adapted_predictions(batch, steps=0).numpy()[0][
+        np.asarray(batch["query"]["mask"][0]) > 0]
+    expected_adapted = model.serve(support, {k: query[k] for k in features}).numpy()
+    inputs = {**{f"serve/{k}": query[k] for k in features},
+              **{f"adapt/support_{k}": support[k] for k in (*features, model.head.label)},
+              **{f"adapt/query_{k}": query[k] for k in features}}
+    exported, = (run / "export").iterdir()
+    assert exported.name == str(info["step"])
+    out = served(exported, inputs, tmp_path)
+    np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)
