@@ -73,6 +73,23 @@ def served(export_dir: Path, inputs: dict[str, np.ndarray], tmp_path: Path,
         return {k: out[k] for k in out.files if k in ("serve", "adapt")}
 
 
+def served_and_expected(model, batch: dict, export_dir: Path, tmp_path: Path,
+                        timeout: float = 300) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Task 0 of a task batch through the SavedModel at ``export_dir`` in a fresh process
+    (``served``: its query rows by ``serve``, and adapted on its support rows by ``adapt``),
+    and what the trained meta ``model`` predicts for them: ``(served outputs, expected
+    unadapted, expected adapted)``."""
+    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
+    features = model.tower.feature_names
+    expected = model.adapted_predictions(batch, steps=0).numpy()[0][
+        np.asarray(batch["query"]["mask"][0]) > 0]
+    expected_adapted = model.serve(support, {k: query[k] for k in features}).numpy()
+    inputs = {**{f"serve/{k}": query[k] for k in features},
+              **{f"adapt/support_{k}": support[k] for k in (*features, model.head.label)},
+              **{f"adapt/query_{k}": query[k] for k in features}}
+    return served(export_dir, inputs, tmp_path, timeout), expected, expected_adapted
+
+
 def pooled_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Mann-Whitney AUC (ties count one half), written out independently of gmeta_tf."""
     pos, neg = scores[labels > 0.5], scores[labels <= 0.5]

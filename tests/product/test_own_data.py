@@ -18,7 +18,7 @@ import pytest
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import load_config
 from gmeta_tf.data import hashing
-from tests.product.conftest import served, task_rows
+from tests.product.conftest import served, served_and_expected
 from tests.product.own_data import gmeta, readme_block, readme_commands_after, write_ratings
 
 #: Only the run's length shrinks; every other key is the README's.
@@ -176,18 +176,10 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     prior = model.tower.prior  # and adds each item's prior: served from the SavedModel too
     assert prior.fitted and int(np.count_nonzero(prior.values.numpy())) > 10
     batch = next(iter(meta_io.read_tasks(config.data.path, 2, None, None, split="cold")))
-    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
-    features = model.tower.feature_names
-    expected = model.adapted_predictions(batch, steps=0).numpy()[0][
-        np.asarray(batch["query"]["mask"][0]) > 0]
-    expected_adapted = model.serve(support, {k: query[k] for k in features}).numpy()
-    inputs = {**{f"serve/{k}": query[k] for k in features},
-              **{f"adapt/support_{k}": support[k] for k in (*features, model.head.label)},
-              **{f"adapt/query_{k}": query[k] for k in features}}
     # The export is of the checkpoint chosen on validation, as restore_models restores.
     exported, = Path(config.export.dir).iterdir()
     assert exported.name == str(info["step"])
-    out = served(exported, inputs, tmp_path)
+    out, expected, expected_adapted = served_and_expected(model, batch, exported, tmp_path)
     np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)
 

@@ -117,7 +117,7 @@ def test_the_export_serves_the_capped_factors_as_the_trained_model(ratings_run, 
     trained model predicts."""
     from gmeta_tf import data as meta_io
     from gmeta_tf.training.cold_start import restore_models
-    from tests.product.conftest import served, task_rows
+    from tests.product.conftest import served_and_expected
 
     work, _, _ = ratings_run
     run = work / "run"
@@ -133,16 +133,8 @@ def test_the_export_serves_the_capped_factors_as_the_trained_model(ratings_run, 
     model = models.model
     assert 0.0 < float(model.tower.prior.factor_scale().numpy()) < 1.0
     batch = next(iter(meta_io.read_tasks(config.data.path, 2, None, None, split="cold")))
-    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
-    features = model.tower.feature_names
-    expected = model.adapted_predictions(batch, steps=0).numpy()[0][
-        np.asarray(batch["query"]["mask"][0]) > 0]
-    expected_adapted = model.serve(support, {k: query[k] for k in features}).numpy()
-    inputs = {**{f"serve/{k}": query[k] for k in features},
-              **{f"adapt/support_{k}": support[k] for k in (*features, model.head.label)},
-              **{f"adapt/query_{k}": query[k] for k in features}}
     exported, = (run / "export").iterdir()
     assert exported.name == str(info["step"])
-    out = served(exported, inputs, tmp_path)
+    out, expected, expected_adapted = served_and_expected(model, batch, exported, tmp_path)
     np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)

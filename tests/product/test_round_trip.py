@@ -13,8 +13,8 @@ import tensorflow as tf
 from gmeta_tf import data as meta_io
 from gmeta_tf.cli import main
 from gmeta_tf.training.cold_start import restore_models
-from tests.product.conftest import (cold_query_rows, pooled_auc, run_on_two_ranks, served,
-                                    set_args, task_rows, tiny_overrides)
+from tests.product.conftest import (cold_query_rows, pooled_auc, run_on_two_ranks,
+                                    served_and_expected, set_args, tiny_overrides)
 
 pytestmark = pytest.mark.horovod  # the module's fixture trains under horovodrun -np 2
 UNKNOWN_ID = 987_654_321_000
@@ -170,18 +170,9 @@ def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, t
     batch = {"task_id": batch["task_id"],
              **{r: {k: v.numpy().copy() for k, v in batch[r].items()} for r in ("support", "query")}}
     batch["query"]["item_id"][0, 0] = UNKNOWN_ID  # unknown ids read the default row
-    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
-    features = model.tower.feature_names
-    expected_rows = model.adapted_predictions(batch, steps=0).numpy()[0][
-        np.asarray(batch["query"]["mask"][0]) > 0]
-    expected_adapted = model.serve(support, {k: query[k] for k in features}).numpy()
-
-    inputs = {**{f"serve/{k}": query[k] for k in features},
-              **{f"adapt/support_{k}": v for k, v in support.items() if k in features},
-              f"adapt/support_{model.head.label}": support[model.head.label],
-              **{f"adapt/query_{k}": query[k] for k in features}}
     export_dir = Path(trained.export.dir, str(manifest["step"]))
-    out = served(export_dir, inputs, tmp_path, timeout=120)
+    out, expected_rows, expected_adapted = served_and_expected(model, batch, export_dir,
+                                                               tmp_path, timeout=120)
     np.testing.assert_allclose(out["serve"], expected_rows, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-6)
     assert not np.allclose(expected_adapted, expected_rows)  # adaptation changed the scores
