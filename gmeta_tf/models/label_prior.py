@@ -143,6 +143,9 @@ class LabelPrior(tf.Module):
                 self.fold_factor_rows = tf.Variable(
                     tf.zeros([0, 1, factors]), shape=tf.TensorShape([None, None, factors]),
                     trainable=False, name="fold_factor_rows")
+                # ``factor_scale``, set with the factors: 1 in a checkpoint from before it,
+                # whose tower was trained on the factors as fitted.
+                self.factor_scale_value = tf.Variable(1.0, trainable=False, name="factor_scale")
 
     @property
     def fitted(self) -> bool:
@@ -189,6 +192,10 @@ class LabelPrior(tf.Module):
             self.factor_rows.assign(rows)
             self.fold_factor_rows.assign(fold_rows)
             self.fold_in.assign(float(damping if fold_in is None else fold_in))
+            known = rows[:-1].astype(np.float64)  # the last row is the unknown id's zeros
+            norm = float(np.sqrt(np.square(known).sum(-1).mean())) if len(known) else 0.0
+            self.factor_scale_value.assign(MAX_FACTOR_NORM / norm if norm > MAX_FACTOR_NORM
+                                           else 1.0)
         self.damping.assign(float(damping))
 
     def fold_in_strength(self) -> tf.Tensor:
@@ -199,12 +206,9 @@ class LabelPrior(tf.Module):
     def factor_scale(self) -> tf.Tensor:
         """``c`` in (0, 1]: ``factors_of`` gives every factor vector times ``c``, so that
         their RMS norm over the known ids is at most ``MAX_FACTOR_NORM``; exactly 1 where
-        it is already (a function of the stored factors, so a checkpoint or SavedModel
-        carries it with them)."""
-        rows = self.factor_rows[:-1]  # the last row is the unknown id's zeros
-        known = tf.cast(tf.maximum(tf.shape(rows)[0], 1), tf.float32)
-        norm = tf.sqrt(tf.reduce_sum(tf.square(rows)) / known)
-        return tf.where(norm > MAX_FACTOR_NORM, MAX_FACTOR_NORM / tf.maximum(norm, _EPS), 1.0)
+        it is already. Set by ``assign`` and kept in checkpoints and the SavedModel (a
+        checkpoint from before it reads 1: its tower was trained on the unscaled factors)."""
+        return tf.convert_to_tensor(self.factor_scale_value)
 
     def fold_in_strengths(self) -> tf.Tensor:
         """``[F + 1]``: the fold-in's ridge strength on each weight of a factor vector as

@@ -183,7 +183,7 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
                  np.stack([q for _, q in fold_parts]) if folds else None, fold_in=strength,
                  unknown=whole.unknown_bias)
     variables = [prior.ids, prior.values, prior.fold_values, prior.factor_rows,
-                 prior.fold_factor_rows, prior.damping, prior.fold_in]
+                 prior.fold_factor_rows, prior.damping, prior.fold_in, prior.factor_scale_value]
     distributed.broadcast_variables(variables)
     scale = float(prior.factor_scale().numpy())
     log.info("label prior of %r: a matrix factorisation with %d factors of %d values from %d "

@@ -327,13 +327,13 @@ def test_the_solve_shrinks_the_factors_and_bias_at_the_priors_fold_in_strength()
                                [30.0] * tiny.HIDDEN + [3.0] * 4, rtol=1e-5)
 
 
-def test_factors_past_the_norm_cap_are_scaled_down_and_the_fold_in_is_the_same():
+def test_factors_past_the_norm_cap_are_scaled_down_and_the_fold_in_is_the_same(tmp_path):
     """Factors of RMS norm above ``MAX_FACTOR_NORM`` (a log whose users share one mean
     rating makes the empirical-Bayes fold-in's factors that large) reach the tower scaled
     to that norm, and the strength on their weights rises by the scale squared: the
     fold-in in the graph and the baseline's solve with the MLP at zero are still the
     factorisation's own fold-in of the unscaled factors. Under the cap nothing changes, to
-    the bit."""
+    the bit. The scale is kept with the factors in a checkpoint."""
     fitted = _fold_in_data(5)
     norm = np.sqrt((fitted.factors ** 2).sum(1).mean())
     assert norm < MAX_FACTOR_NORM
@@ -355,6 +355,12 @@ def test_factors_past_the_norm_cap_are_scaled_down_and_the_fold_in_is_the_same()
                                        rtol=1e-5)
         np.testing.assert_allclose(prior.fold_in_strengths().numpy(),
                                    [0.5 * scale ** 2] * 3 + [0.5], rtol=1e-5)
+        # kept in a checkpoint; a prior restored from one without it reads 1 (unscaled)
+        path = tf.train.Checkpoint(prior=prior).write(str(tmp_path / f"prior-{scale}"))
+        restored = LabelPrior("item_id", "rating", factors=3)
+        assert float(restored.factor_scale().numpy()) == 1.0
+        tf.train.Checkpoint(prior=restored).read(path).expect_partial()
+        assert float(restored.factor_scale().numpy()) == pytest.approx(scale, rel=1e-5)
         tower = MeLUTower(["item_id"], ["user_id"], tiny.DIM, hidden_units=(tiny.HIDDEN,), seed=3)
         tower.prior = prior
         np.testing.assert_allclose(initial_ridge(tower, 30.0)().numpy(),
