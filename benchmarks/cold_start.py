@@ -4,8 +4,9 @@ through the product path a user runs: ``gmeta tune`` -> ``gmeta train`` -> ``gme
 For each seed: the ``movielens`` pipeline with that seed for the split (80% warm users, a
 fifth of them held out for validation, 10 random query ratings per user, validation and
 cold users with 13-100 ratings; warm users with more are trained on, ``train_long_tasks``),
-the initial weights and the batch order (``--ratings-only``: the same pipeline copied onto
-``u.data`` alone through the csv source, ``item_id`` its only feature). Then:
+the initial weights and the batch order (``--ratings-only``: ``pipelines/ratings.yaml``,
+the same pipeline on ``u.data`` alone through the csv source, ``item_id`` its only
+feature). Then:
 
 1. ``gmeta tune`` (``--trials`` N): two Optuna studies with the same N trials, one for the
    meta model (inner steps and rates, learned per-step/per-element rates, multi-step loss,
