@@ -166,7 +166,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         kind, k = models.model.head.kind, config.eval.ndcg_k
         paired = paired_against_first(compared, kind, k, per_task=models.is_meta)
         bands = by_support_size(compared, kind, k) if models.is_meta else []
-        k_column = f"ndcg@{config.eval.ndcg_k}"
+        k_column = f"ndcg@{k}"
         columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
         columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
         result = {"name": name, "role": role, "step": info["step"],

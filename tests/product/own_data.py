@@ -13,6 +13,9 @@ import numpy as np
 from tests.multiprocess import PROJECT_ROOT
 
 GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi"]
+#: ``--set`` flags that shorten a run (tune, train, eval, export) and change nothing else.
+SHORT = ["--set", "train.steps=6", "--set", "train.log_every=3", "--set", "train.eval_every=3",
+         "--set", "train.checkpoint_every=3", "--set", "train.eval_batches=1"]
 README = PROJECT_ROOT / "README.md"
 
 

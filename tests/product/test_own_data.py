@@ -19,11 +19,8 @@ from gmeta_tf import data as meta_io
 from gmeta_tf.config import load_config
 from gmeta_tf.data import hashing
 from tests.product.conftest import served, served_and_expected
-from tests.product.own_data import gmeta, readme_block, readme_commands_after, write_ratings
-
-#: Only the run's length shrinks; every other key is the README's.
-SHORT = ["--set", "train.steps=6", "--set", "train.log_every=3", "--set", "train.eval_every=3",
-         "--set", "train.checkpoint_every=3", "--set", "train.eval_batches=1"]
+from tests.product.own_data import (SHORT, gmeta, readme_block, readme_commands_after,
+                                    write_ratings)
 
 
 def run_readme_commands(work: Path, first_line: str,

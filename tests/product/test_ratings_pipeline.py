@@ -16,12 +16,10 @@ import yaml
 
 from gmeta_tf.config import load_config
 from tests.multiprocess import PROJECT_ROOT
-from tests.product.own_data import gmeta
+from tests.product.own_data import SHORT, gmeta
 
 PIPELINES = PROJECT_ROOT / "pipelines"
 SIDE_FEATURE_KEYS = ("tables", "item_features", "user_features", "prior")
-SHORT = ["--set", "train.steps=6", "--set", "train.log_every=3", "--set", "train.eval_every=3",
-         "--set", "train.checkpoint_every=3", "--set", "train.eval_batches=1"]
 
 
 def test_the_ratings_pipeline_keeps_the_movielens_settings_but_the_side_features():

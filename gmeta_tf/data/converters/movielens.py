@@ -23,7 +23,8 @@ from gmeta_tf.data import hashing
 from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
-from gmeta_tf.data.schema import PAD_ID, TASK_COLUMN, Feature, FeatureKind, Schema
+from gmeta_tf.data.schema import (LABEL_COLUMN, PAD_ID, TASK_COLUMN, Feature, FeatureKind,
+                                  Schema)
 from gmeta_tf.data.split import ORDER_COLUMN, SplitConfig
 
 GENRE_WIDTH = 6
@@ -36,7 +37,7 @@ SCHEMA = Schema([
     Feature("year", FeatureKind.SPARSE),
     Feature("genres", FeatureKind.MULTI_HOT, dim=GENRE_WIDTH),
     Feature("rating", FeatureKind.LABEL, value_range=(1.0, 5.0)),
-    Feature("label", FeatureKind.LABEL, value_range=(0.0, 1.0)),
+    Feature(LABEL_COLUMN, FeatureKind.LABEL, value_range=(0.0, 1.0)),
 ])
 
 
@@ -105,7 +106,7 @@ def _raw_batches(src_dir: str, block_bytes: int) -> Iterator[RawBatch]:
         cols["year"] = items["year"][item]
         cols.update({f"genres__{i}": items["genres"][item, i] for i in range(GENRE_WIDTH)})
         cols["rating"] = rating
-        cols["label"] = np.where(np.isnan(rating), np.nan, rating >= 4).astype(np.float32)
+        cols[LABEL_COLUMN] = np.where(np.isnan(rating), np.nan, rating >= 4).astype(np.float32)
         cols[ORDER_COLUMN] = batch["ts"].to_numpy()
         yield RawBatch(columns_to_batch(cols), path, first_row)
         first_row += batch.num_rows
