@@ -32,7 +32,7 @@ import pyarrow.csv as pacsv
 from gmeta_tf.data.converters.csv_mapping import CsvMapping
 from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.manifest import Manifest
-from gmeta_tf.data.schema import PAD_ID, TASK_COLUMN, Feature, FeatureKind, Schema
+from gmeta_tf.data.schema import LABEL_COLUMN, PAD_ID, TASK_COLUMN, Feature, FeatureKind, Schema
 from gmeta_tf.data.split import SplitConfig, source_split
 
 LATENT_DIM = 4
@@ -44,10 +44,10 @@ SCHEMA = Schema([
     Feature("user_id", FeatureKind.SPARSE), Feature("item_id", FeatureKind.SPARSE),
     Feature("category", FeatureKind.SPARSE), Feature("genres", FeatureKind.MULTI_HOT, GENRE_WIDTH),
     Feature("age", FeatureKind.SPARSE), Feature("price", FeatureKind.DENSE),
-    Feature("label", FeatureKind.LABEL, value_range=(0.0, 1.0)),
+    Feature(LABEL_COLUMN, FeatureKind.LABEL, value_range=(0.0, 1.0)),
 ])
 
-CSV_MAPPING = CsvMapping(task="user_id", label="label", label_range=(0.0, 1.0),
+CSV_MAPPING = CsvMapping(task="user_id", label=LABEL_COLUMN, label_range=(0.0, 1.0),
                          sparse=["user_id", "item_id", "category", "age"],
                          multi_hot={"genres": GENRE_WIDTH}, dense=["price"])
 
@@ -92,7 +92,7 @@ def _task_chunk(world: _World, first_task: int, num_tasks: int, rows_per_task: i
             "category": item % 97, "age": age[user]}
     cols.update({f"genres__{k}": world.item_genres[item, k] for k in range(GENRE_WIDTH)})
     cols["price"] = world.item_price[item]
-    cols["label"] = label.astype(np.float32)
+    cols[LABEL_COLUMN] = label.astype(np.float32)
     return cols
 
 

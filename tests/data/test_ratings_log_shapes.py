@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HALF_STARS = [0.5 * k for k in range(1, 11)]
 
 
-def half_star_log(path: Path) -> Path:
+def tiny_half_star_log(path: Path) -> Path:
     lines = ["userId,movieId,rating,timestamp"]
     for user in range(1, 9):
         for item in range(1, 21):
@@ -32,7 +32,7 @@ def half_star_log(path: Path) -> Path:
 
 
 def test_a_half_star_csv_with_a_header_maps_by_its_own_column_names(tmp_path):
-    src = half_star_log(tmp_path / "ratings.csv")
+    src = tiny_half_star_log(tmp_path / "ratings.csv")
     path = ratings_only_config(tmp_path, src)
     config = yaml.safe_load(path.read_text())
     mapping = config["data"]["mapping"]
@@ -61,7 +61,7 @@ def test_a_half_star_csv_with_a_header_maps_by_its_own_column_names(tmp_path):
 
 
 def test_flags_of_the_ratings_only_run_are_refused_without_it(tmp_path):
-    src = half_star_log(tmp_path / "ratings.csv")
+    src = tiny_half_star_log(tmp_path / "ratings.csv")
     for flags in (["--ratings", str(src)], ["--split-items", "5"], ["--users", "10"]):
         run = subprocess.run([sys.executable, "-m", "benchmarks.cold_start", *flags],
                              cwd=ROOT, capture_output=True, text=True)

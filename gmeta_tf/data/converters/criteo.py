@@ -22,11 +22,13 @@ from gmeta_tf.data.converters.pipeline import (OutputConfig, RawBatch, columns_t
                                                record_batches)
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
-from gmeta_tf.data.schema import ROW_TASK_BITS, TASK_COLUMN, Feature, FeatureKind, Schema
+from gmeta_tf.data.schema import (LABEL_COLUMN, ROW_TASK_BITS, TASK_COLUMN, Feature, FeatureKind,
+                                  Schema)
 from gmeta_tf.data.split import SplitConfig
 
 INT_COLUMNS = [f"I{i}" for i in range(1, 14)]
 CAT_COLUMNS = [f"C{i}" for i in range(1, 27)]
+RAW_LABEL = "label"  # the name this reader gives the click column, the first of a Criteo line
 INT_MODES = ("log", "bucketize")
 
 
@@ -37,7 +39,7 @@ def criteo_schema(int_mode: str = "log") -> Schema:
     kind = FeatureKind.DENSE if int_mode == "log" else FeatureKind.SPARSE
     return Schema([Feature(c, kind) for c in INT_COLUMNS]
                   + [Feature(c, FeatureKind.SPARSE) for c in CAT_COLUMNS]
-                  + [Feature("label", FeatureKind.LABEL, value_range=(0.0, 1.0))])
+                  + [Feature(LABEL_COLUMN, FeatureKind.LABEL, value_range=(0.0, 1.0))])
 
 
 def bucketize(x: np.ndarray) -> np.ndarray:
@@ -63,7 +65,7 @@ def _parse(batch: pa.RecordBatch, int_mode: str, task_column: str | None,
                    if int_mode == "log" else bucketize(x))
     for c in CAT_COLUMNS:
         cols[c] = hashing.to_ids(batch.column(c), c)
-    cols["label"] = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float32)
+    cols[LABEL_COLUMN] = batch.column(RAW_LABEL).to_numpy(zero_copy_only=False).astype(np.float32)
     if task_column is None:
         tasks = np.arange(first_task, first_task + batch.num_rows, dtype=np.int64)
     else:
@@ -73,8 +75,8 @@ def _parse(batch: pa.RecordBatch, int_mode: str, task_column: str | None,
 
 def _raw_batches(paths: list[str], int_mode: str, task_column: str | None,
                  block_bytes: int) -> Iterator[RawBatch]:
-    names = ["label", *INT_COLUMNS, *CAT_COLUMNS]
-    types = {"label": pa.float64(), **{c: pa.float64() for c in INT_COLUMNS},
+    names = [RAW_LABEL, *INT_COLUMNS, *CAT_COLUMNS]
+    types = {RAW_LABEL: pa.float64(), **{c: pa.float64() for c in INT_COLUMNS},
              **{c: pa.string() for c in CAT_COLUMNS}}
     for index, path in enumerate(paths):
         def open_reader(path=path):
