@@ -45,6 +45,33 @@ def test_a_bad_value_is_reported_by_its_line_and_column_name(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_columns_name_a_header_files_columns_in_place_of_its_header_line(tmp_path):
+    # a log whose header says userId/movieId, read by the names the mapping uses
+    (tmp_path / "r.csv").write_text("\n".join(["userId,movieId,rating,timestamp"] + GOOD)
+                                    + "\n")
+    with pytest.raises(data.DataError, match=r"r.csv: column 'user_id': mapped column "
+                                             r"'user_id' is not a column of this file.*"
+                                             r"'userId', 'movieId'.*the mapping key 'columns'"):
+        data.convert_csv(str(tmp_path / "r.csv"), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    renamed = {**MAPPING, "columns": ["user_id", "item_id", "rating", "timestamp"]}
+    data.convert_csv(str(tmp_path / "r.csv"), str(tmp_path / "out"), renamed, split=SPLIT)
+    data.convert_csv(str(ratings(tmp_path / "same.csv", GOOD)), str(tmp_path / "same"), MAPPING,
+                     split=SPLIT)
+    got, want = ({f.path: pq.read_table(tmp_path / d / f.path)
+                  for f in data.Manifest.load(str(tmp_path / d)).files} for d in ("out", "same"))
+    assert list(got) == list(want) and all(got[f].equals(want[f]) for f in got)
+    # the header line still counts as line 1: a bad value keeps its line number
+    (tmp_path / "bad.csv").write_text("\n".join(["userId,movieId,rating,timestamp"] + GOOD[:5]
+                                                 + ["u2,3,five,7"]) + "\n")
+    with pytest.raises(data.DataError, match=r"bad.csv: column 'rating': line 7: not a number"):
+        data.convert_csv(str(tmp_path / "bad.csv"), str(tmp_path / "bad"), renamed, split=SPLIT)
+    with pytest.raises(data.DataError, match=r"r.csv: mapping key 'columns' names 3 columns but "
+                                             r"the header line \(line 1\) has 4.*'userId'"):
+        data.convert_csv(str(tmp_path / "r.csv"), str(tmp_path / "out3"),
+                         {**MAPPING, "columns": ["user_id", "item_id", "rating"]}, split=SPLIT)
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "out3").exists()
+
+
 def test_bad_rows_skip_drops_malformed_lines_and_bad_values_and_counts_them(tmp_path):
     lines = GOOD[:10] + ["", "u1,7", "u2,3,five,7", ",4,3,9", "u3,4,9,9", "u4,1,2,3,4"] + GOOD[10:]
     src = ratings(tmp_path / "r.csv", lines)

@@ -1,12 +1,16 @@
 """``pipelines/ratings.yaml``, a ratings log alone (user, item, rating, time): its settings
 are ``pipelines/movielens.yaml``'s but for the side features, and the commands its header
 gives run as written on a small half-star log (data prepare, tune, train and eval on 2
-ranks, export), only the run shortened and its directories moved out of the project."""
+ranks, export), only the run shortened and its directories moved out of the project. The
+log's header names its columns ``userId,movieId,...``, so every command also carries the
+``data.mapping.columns`` setting the header comment gives for such a log."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -40,13 +44,13 @@ def test_the_ratings_pipeline_keeps_the_movielens_settings_but_the_side_features
 
 
 def half_star_log(path: Path, users: int = 200, items: int = 150, seed: int = 0) -> int:
-    """user_id,item_id,rating,timestamp with half stars 0.5-5: each user's taste is a
+    """userId,movieId,rating,timestamp with half stars 0.5-5: each user's taste is a
     factor, each item's appeal another; 14-30 ratings a user. Returns the rows."""
     rng = np.random.default_rng(seed)
     item_factor, item_bias = rng.normal(0, 1, items), rng.normal(0, 0.5, items)
     rows = 0
     with open(path, "w") as f:
-        f.write("user_id,item_id,rating,timestamp\n")
+        f.write("userId,movieId,rating,timestamp\n")
         for u in range(1, users + 1):
             taste = rng.normal(0, 1)
             for k, item in enumerate(rng.choice(items, int(rng.integers(14, 31)), replace=False)):
@@ -64,12 +68,23 @@ def header_commands() -> list[list[str]]:
             if line.startswith("#") and line.lstrip("# ").startswith("gmeta ")]
 
 
+def header_renaming() -> list[str]:
+    """The ``--set data.mapping.columns=...`` the header comment gives for a log whose header
+    names its columns otherwise, as words."""
+    text = " ".join(line.lstrip("# ") for line in
+                    (PIPELINES / "ratings.yaml").read_text().splitlines()
+                    if line.startswith("#"))
+    found = re.search(r"--set '(data\.mapping\.columns=[^']*)'", text)
+    assert found, "the header comment no longer says how to read a userId,movieId header"
+    return shlex.split(found.group(0))
+
+
 @pytest.fixture(scope="module")
 def ratings_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("ratings_pipeline")
     rows = half_star_log(work / "my_ratings.csv")
     moved = ["--set", f"run_dir={work}/run", "--set", f"data.path={work}/run/data",
-             "--set", f"export.dir={work}/run/export"]
+             "--set", f"export.dir={work}/run/export", *header_renaming()]
     commands = header_commands()
     assert [c[1] for c in commands] == ["data", "tune", "train", "eval", "export"]
     results = []

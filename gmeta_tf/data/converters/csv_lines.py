@@ -92,26 +92,47 @@ def header_of(path: str, delimiter: str) -> list[str]:
     return [c.strip() for c in first]
 
 
-def check_columns(path: str, wanted: list[str], available: list[str], what: str) -> None:
-    """Names the first wanted column the file does not have."""
+def file_columns(path: str, delimiter: str, header: bool, names: list[str] | None) -> list[str]:
+    """The names a CSV file's columns are read by: its header line's; ``names`` for a file
+    without one; with both, ``names`` in place of the header line's, one for each of them
+    (a file whose columns are named otherwise than a pipeline expects, read unedited)."""
+    if not header:
+        return list(names or [])
+    in_file = header_of(path, delimiter)
+    if not names:
+        return in_file
+    if len(names) != len(in_file):
+        raise DataError(f"mapping key 'columns' names {len(names)} columns but the header line "
+                        f"(line 1) has {len(in_file)}", file=path, value=list(names),
+                        expected=f"{len(in_file)} names, one in place of each of {in_file}")
+    return list(names)
+
+
+def check_columns(path: str, wanted: list[str], available: list[str], what: str,
+                  hint: str = "") -> None:
+    """Names the first wanted column the file does not have (``hint``: how else to name it)."""
     for name in wanted:
         if name not in available:
             raise DataError(f"{what} {name!r} is not a column of this file", file=path,
-                            column=name, expected=f"one of {available}")
+                            column=name, expected=f"one of {available}{hint}")
 
 
 def text_batches(path: str, columns: list[str], *, delimiter: str, header: bool,
                  names: list[str] | None, policy: str, counts: CsvCounts,
-                 block_bytes: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
-    """Batches of ``columns`` as strings, each with the line numbers of its rows.
+                 block_bytes: int, missing_hint: str = ""
+                 ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """Batches of ``columns`` as strings, each with the line numbers of its rows, the
+    file's columns named as ``file_columns`` gives them (``missing_hint`` ends the error
+    naming a column it lacks).
 
     Blank lines are dropped (counted); malformed lines raise or are skipped per ``policy``.
     """
-    all_names = header_of(path, delimiter) if header else list(names or [])
-    check_columns(path, columns, all_names, "mapped column")
+    all_names = file_columns(path, delimiter, header, names)
+    check_columns(path, columns, all_names, "mapped column", missing_hint)
     lines = _LineNumbers(path, all_names, 1 if header else 0)
     read = pacsv.ReadOptions(block_size=block_bytes, use_threads=False,
-                             column_names=None if header else all_names)
+                             column_names=all_names if names else None,
+                             skip_rows=1 if header and names else 0)
     parse = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=False,
                                invalid_row_handler=lines.handler)
     convert = pacsv.ConvertOptions(include_columns=columns,

@@ -15,7 +15,7 @@ A new dataset needs a mapping, not code. Every key (README, "Your own data")::
     separator: "|"             # between the values of a multi-hot cell
     delimiter: ","             # between fields
     header: true               # false: give `columns: [names...]`
-    columns: null
+    columns: null              # with a header line: names read in place of that line's
     join:                      # optional side files, joined on a key before mapping
       - {path: items.csv, key: item_id, columns: [genres]}
       - {path: users.csv, key: user_id, on: user_id, delimiter: ";"}
@@ -271,6 +271,10 @@ class _RowParser:
         return cols
 
 
+RENAME_HINT = (", or the mapping key 'columns': one name for each column of the file, read in "
+               "place of its header line's")
+
+
 def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], policy: str,
                  counts: CsvCounts, block_bytes: int) -> Iterator[RawBatch]:
     parser = _RowParser(mapping, sides, policy, counts)
@@ -278,7 +282,8 @@ def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], 
     for index, path in enumerate(paths):
         for batch, lines in text_batches(path, columns, delimiter=mapping.delimiter,
                                          header=mapping.header, names=mapping.columns,
-                                         policy=policy, counts=counts, block_bytes=block_bytes):
+                                         policy=policy, counts=counts, block_bytes=block_bytes,
+                                         missing_hint=RENAME_HINT if mapping.header else ""):
             yield parser.parse(batch, lines, path, index)
 
 
