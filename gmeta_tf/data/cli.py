@@ -118,8 +118,13 @@ def _add_csv(csv: argparse.ArgumentParser) -> None:
                                        "(default '|')")
     m.add_argument("--delimiter", help="field delimiter of the file (default ','; 'tab' or "
                                        "'\\t' for a TSV file)")
-    m.add_argument("--no-header", dest="columns", type=_csv_list, metavar="COL,...",
-                   help="the file has no header line: these are its column names")
+    names = m.add_mutually_exclusive_group()
+    names.add_argument("--no-header", dest="columns", type=_csv_list, metavar="COL,...",
+                       help="the file has no header line: these are its column names")
+    names.add_argument("--rename", type=_csv_list, metavar="COL,...",
+                       help="names for the file's columns, one for each in its order, read in "
+                            "place of its header line's (e.g. userId,movieId,rating,timestamp "
+                            "read as user_id,item_id,rating,timestamp)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -173,10 +178,12 @@ def _mapping(args: argparse.Namespace) -> CsvMapping:
              "separator": args.separator, "delimiter": delimiter,
              "label_threshold": args.label_threshold, "label_range": args.label_range,
              "sparse": args.sparse, "multi_hot": args.multi_hot, "dense": args.dense,
-             "columns": args.columns}
+             "columns": args.columns or args.rename}
     d.update({k: v for k, v in flags.items() if v is not None})
     if args.columns:
         d["header"] = False
+    elif args.rename:
+        d["header"] = True
     if "label" not in d:
         raise DataError("csv needs --label (or a --mapping file with it); --task too unless "
                         "every row is its own task (a plain CTR model's rows)")

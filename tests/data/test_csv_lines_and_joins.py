@@ -70,6 +70,14 @@ def test_columns_name_a_header_files_columns_in_place_of_its_header_line(tmp_pat
         data.convert_csv(str(tmp_path / "r.csv"), str(tmp_path / "out3"),
                          {**MAPPING, "columns": ["user_id", "item_id", "rating"]}, split=SPLIT)
     assert not (tmp_path / "bad").exists() and not (tmp_path / "out3").exists()
+    # the command line's --rename is the same key
+    assert cli.main(["csv", str(tmp_path / "r.csv"), str(tmp_path / "by_flag"), "--task",
+                     "user_id", "--label", "rating", "--label-range", "1", "5", "--sparse",
+                     "item_id", "--rename", "user_id,item_id,rating,timestamp",
+                     "--query-size", "2", "--min-rows", "3"]) == 0
+    by_flag = {f.path: pq.read_table(tmp_path / "by_flag" / f.path)
+               for f in data.Manifest.load(str(tmp_path / "by_flag")).files}
+    assert list(by_flag) == list(want) and all(by_flag[f].equals(want[f]) for f in by_flag)
 
 
 def test_bad_rows_skip_drops_malformed_lines_and_bad_values_and_counts_them(tmp_path):
