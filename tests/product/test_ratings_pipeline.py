@@ -61,20 +61,21 @@ def half_star_log(path: Path, users: int = 200, items: int = 150, seed: int = 0)
     return rows
 
 
+def header_comment() -> list[str]:
+    """The pipeline's comment lines, without their leading ``#`` and spaces."""
+    return [line.lstrip("# ") for line in (PIPELINES / "ratings.yaml").read_text().splitlines()
+            if line.startswith("#")]
+
+
 def header_commands() -> list[list[str]]:
     """The ``gmeta`` commands of the pipeline's header comment, each split into words."""
-    lines = (PIPELINES / "ratings.yaml").read_text().splitlines()
-    return [line.lstrip("# ").split() for line in lines
-            if line.startswith("#") and line.lstrip("# ").startswith("gmeta ")]
+    return [line.split() for line in header_comment() if line.startswith("gmeta ")]
 
 
 def header_renaming() -> list[str]:
     """The ``--set data.mapping.columns=...`` the header comment gives for a log whose header
     names its columns otherwise, as words."""
-    text = " ".join(line.lstrip("# ") for line in
-                    (PIPELINES / "ratings.yaml").read_text().splitlines()
-                    if line.startswith("#"))
-    found = re.search(r"--set '(data\.mapping\.columns=[^']*)'", text)
+    found = re.search(r"--set '(data\.mapping\.columns=[^']*)'", " ".join(header_comment()))
     assert found, "the header comment no longer says how to read a userId,movieId header"
     return shlex.split(found.group(0))
 
