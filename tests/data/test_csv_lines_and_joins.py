@@ -65,6 +65,14 @@ def test_columns_name_a_header_files_columns_in_place_of_its_header_line(tmp_pat
                                                  + ["u2,3,five,7"]) + "\n")
     with pytest.raises(data.DataError, match=r"bad.csv: column 'rating': line 7: not a number"):
         data.convert_csv(str(tmp_path / "bad.csv"), str(tmp_path / "bad"), renamed, split=SPLIT)
+    # a renamed column's problem is named as the header line names it
+    for value, problem in (("five", r"line 7: not a number"),
+                           ("", r"task 'u2': line 7: NaN or missing label")):
+        (tmp_path / "bad.csv").write_text("\n".join(["userId,movieId,stars,ts"] + GOOD[:5]
+                                                     + [f"u2,3,{value},7"]) + "\n")
+        with pytest.raises(data.DataError, match=rf"bad.csv: column 'stars': {problem}"):
+            data.convert_csv(str(tmp_path / "bad.csv"), str(tmp_path / "bad"), renamed,
+                             split=SPLIT)
     with pytest.raises(data.DataError, match=r"r.csv: mapping key 'columns' names 3 columns but "
                                              r"the header line \(line 1\) has 4.*'userId'"):
         data.convert_csv(str(tmp_path / "r.csv"), str(tmp_path / "out3"),

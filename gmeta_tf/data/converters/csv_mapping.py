@@ -43,7 +43,8 @@ import pyarrow.compute as pc
 
 from gmeta_tf.data import hashing
 from gmeta_tf.data.converters.csv_join import JoinSpec, SideTable
-from gmeta_tf.data.converters.csv_lines import CsvCounts, numbers, text_batches, timestamps
+from gmeta_tf.data.converters.csv_lines import (CsvCounts, header_of, numbers, text_batches,
+                                                timestamps)
 from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
@@ -202,9 +203,12 @@ class _RowParser:
                  counts: CsvCounts) -> None:
         self.mapping, self.sides, self.policy, self.counts = mapping, sides, policy, counts
 
-    def parse(self, batch: pa.RecordBatch, lines: np.ndarray, path: str,
-              file_index: int) -> RawBatch:
+    def parse(self, batch: pa.RecordBatch, lines: np.ndarray, path: str, file_index: int,
+              in_header: dict[str, str] | None = None) -> RawBatch:
+        """``in_header``: the header line's own name of each column the mapping key
+        ``columns`` renames, so that errors name a column as the file does."""
         m = self.mapping
+        in_header = in_header or {}
         text = {name: batch.column(name) for name in batch.schema.names}
         for side in self.sides:
             text.update(side.join(text[side.spec.main_column], self.counts))
@@ -219,17 +223,20 @@ class _RowParser:
             empty_task = pc.equal(pc.utf8_trim_whitespace(text[m.task]), "").to_numpy(
                 zero_copy_only=False)
             problems.append((empty_task, m.task, "empty task value"))
-        keep = self._keep(problems, text, lines, path)
+        keep = self._keep(problems, text, lines, path, in_header)
         if keep is not None:
             text = {k: v.filter(pa.array(keep)) for k, v in text.items()}
             values = {k: v[keep] for k, v in values.items()}
             lines = lines[keep]
-        own = {LABEL: m.label} if m.label_threshold is None and m.label != LABEL else {}
+        stored_label = LABEL if m.label_threshold is None else m.label
+        label_in_file = in_header.get(m.label, m.label)
+        own = {stored_label: label_in_file} if stored_label != label_in_file else {}
         return RawBatch(columns_to_batch(self._columns(text, values, lines, file_index)),
                         path, 0, lines, file_columns=own,
                         task_text=pc.utf8_trim_whitespace(text[m.task]) if m.task else None)
 
-    def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str) -> np.ndarray | None:
+    def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str,
+              in_header: dict[str, str]) -> np.ndarray | None:
         """None when every row is good; otherwise the rows to keep (policy "skip")."""
         bad = np.zeros(len(lines), bool)
         for mask, _, _ in problems:
@@ -240,7 +247,8 @@ class _RowParser:
             i = int(np.flatnonzero(bad)[0])
             _, column, problem = next(p for p in problems if p[0][i])
             raise DataError(f"line {lines[i]}: {problem}; --bad-rows skip drops such rows",
-                            file=path, column=column, value=text[column][i].as_py())
+                            file=path, column=in_header.get(column, column),
+                            value=text[column][i].as_py())
         self.counts.rows_skipped_bad_value += int(bad.sum())
         return ~bad
 
@@ -280,11 +288,14 @@ def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], 
     parser = _RowParser(mapping, sides, policy, counts)
     columns = mapping.input_columns(mapping.joined_columns(sides))
     for index, path in enumerate(paths):
+        in_header = ({read: own for read, own in zip(mapping.columns, header_of(
+            path, mapping.delimiter)) if read != own} if mapping.header and mapping.columns
+            else {})
         for batch, lines in text_batches(path, columns, delimiter=mapping.delimiter,
                                          header=mapping.header, names=mapping.columns,
                                          policy=policy, counts=counts, block_bytes=block_bytes,
                                          missing_hint=RENAME_HINT if mapping.header else ""):
-            yield parser.parse(batch, lines, path, index)
+            yield parser.parse(batch, lines, path, index, in_header)
 
 
 def _side_tables(mapping: CsvMapping) -> list[SideTable]:
