@@ -69,14 +69,19 @@ def _gmeta(*args: str) -> None:
                    check=True)
 
 
+#: The columns of a ratings log, in its order, as ``pipelines/ratings.yaml`` names them.
+RATINGS_COLUMNS = ("user_id", "item_id", "rating", "timestamp")
+
+
 def ratings_only_config(work: Path, ratings: Path | None = None, split_items: int = 1,
                         users: int | None = None) -> Path:
     """``pipelines/ratings.yaml`` (``pipelines/movielens.yaml`` on a ratings log alone: the
     item the only feature) on MovieLens 100K's ``u.data`` (user, item, rating, time; no
     genres, no user features), or on ``ratings`` (a file of those four columns:
     tab-separated without a header line as ``u.data``, or a CSV whose header line names
-    them, e.g. ``userId,movieId,rating,timestamp``), its mapping's columns renamed to the
-    file's; every other key as shipped.
+    them, e.g. ``userId,movieId,rating,timestamp``). The file's columns are read by the
+    pipeline's names (the mapping key ``columns``, in place of a header line's, as the
+    README tells a user to); every other key as shipped.
 
     ``split_items`` N > 1 makes items rare, as in a larger catalogue with as many ratings:
     each item becomes N items, a rating going to the one of its user's bucket (a hash of
@@ -86,26 +91,17 @@ def ratings_only_config(work: Path, ratings: Path | None = None, split_items: in
     with open(source) as f:
         first = f.readline().rstrip("\n")
     delimiter = "," if "," in first and "\t" not in first else "\t"
-    cells = first.split(delimiter)
-    header = not cells[2].replace(".", "", 1).isdigit()
-    columns = cells[:4] if header else ["user_id", "item_id", "rating", "timestamp"]
+    header = not first.split(delimiter)[2].replace(".", "", 1).isdigit()
     if split_items > 1 or users:
         source = _thinned_ratings(source, work, delimiter, header, split_items, users)
-    user, item, rating, time_column = columns
     config = yaml.safe_load((ROOT / "pipelines" / "ratings.yaml").read_text())
     config.update(name="ratings_only", run_dir="runs/ratings_only")
     config["export"]["dir"] = "runs/ratings_only/export"
-    mapping = {**config["data"]["mapping"], "task": user, "label": rating, "sparse": [item],
-               "order_by": time_column, "delimiter": delimiter, "header": header}
-    if not header:
-        mapping["columns"] = columns
+    mapping = {**config["data"]["mapping"], "delimiter": delimiter, "header": header,
+               "columns": list(RATINGS_COLUMNS)}
     # 2048 rows a block, as pipelines/movielens.yaml and every run of docs/measured.md had it
     config["data"].update(raw=str(source), path="runs/ratings_only/data", mapping=mapping,
                           rows_per_block=2048)
-    model = config["model"]
-    model["tables"] = {item: {**model["tables"]["item_id"], "features": [item]}}
-    model["item_features"] = [item]
-    model["prior"] = {**model["prior"], "feature": item}
     path = work / "ratings_only.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

@@ -31,23 +31,21 @@ def tiny_half_star_log(path: Path) -> Path:
     return path
 
 
-def test_a_half_star_csv_with_a_header_maps_by_its_own_column_names(tmp_path):
+def test_a_half_star_csv_with_a_header_is_read_by_the_pipelines_column_names(tmp_path):
     src = tiny_half_star_log(tmp_path / "ratings.csv")
     path = ratings_only_config(tmp_path, src)
     config = yaml.safe_load(path.read_text())
     mapping = config["data"]["mapping"]
+    # the file's userId/movieId read as the pipeline's user_id/item_id (mapping key
+    # 'columns', as the README tells a user): the model's keys stay as shipped
+    assert mapping["columns"] == ["user_id", "item_id", "rating", "timestamp"]
     assert (mapping["task"], mapping["label"], mapping["sparse"], mapping["order_by"]) == (
-        "userId", "rating", ["movieId"], "timestamp")
+        "user_id", "rating", ["item_id"], "timestamp")
     assert mapping["header"] is True and mapping["delimiter"] == ","
-    assert "columns" not in mapping
-    assert list(config["model"]["tables"]) == ["movieId"]
-    assert config["model"]["item_features"] == ["movieId"]
-    assert config["model"]["prior"]["feature"] == "movieId"
-    # the renamed table embeds the renamed column, so gmeta accepts the config as written
-    assert config["model"]["tables"]["movieId"]["features"] == ["movieId"]
+    shipped = yaml.safe_load((ROOT / "pipelines" / "ratings.yaml").read_text())
+    assert config["model"] == shipped["model"]
     checked = load_config(path, tuned=False)
-    assert list(checked.model.tables) == ["movieId"]
-    assert list(checked.model.tables["movieId"].features) == ["movieId"]
+    assert list(checked.model.tables) == ["item_id"]
 
     split = data.SplitConfig(query_size=5, min_rows=8)
     data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=split)
