@@ -42,6 +42,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -157,7 +158,19 @@ def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str,
     intervals = {_short(p["name"]): p["metrics"] for p in result.get("paired", [])}
     print(f"seed {seed}: {json.dumps(rows)}", flush=True)
     return {"rows": rows, "intervals": intervals, "chosen": result.get("chosen"),
-            "tuned": tuned, **timings}
+            "blends": blends(result["rows"]), "tuned": tuned, **timings}
+
+
+#: How ``gmeta eval`` names a row's blend with the fold-in: "..., blend 0.52)".
+_BLEND = re.compile(r", blend ([0-9.]+)\)$")
+
+
+def blends(rows: list[dict]) -> dict[str, float]:
+    """Each blended row's weight of its own adapted predictions (the rest the fold-in's),
+    read from its name, by the row's short name: e.g. ``{"meta": 0.63, "baseline
+    fine-tuned": 0.52}``; a weight of 0 means the row is the fold-in alone."""
+    found = ((_short(r["name"]), _BLEND.search(r["name"])) for r in rows)
+    return {name: float(match.group(1)) for name, match in found if match}
 
 
 def _short(name: str) -> str:

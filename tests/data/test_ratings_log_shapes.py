@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from benchmarks.cold_start import paired, ratings_only_config
+from benchmarks.cold_start import blends, paired, ratings_only_config
 from gmeta_tf import data
 from gmeta_tf.config import load_config
 
@@ -79,3 +79,12 @@ def test_paired_counts_a_lead_smaller_than_the_tables_rounding():
     assert gaps["ndcg@3"]["better_on_seeds"] == 1
     assert gaps["mae"]["per_seed"] == [0.01, -0.01] and gaps["mae"]["better_on_seeds"] == 1
     assert gaps["auc"]["better_on_seeds"] == 0
+
+
+def test_blends_are_read_from_the_row_names_gmeta_eval_gives():
+    rows = [{"name": "meta (maml, adapted k=5 + ridge, blend 0.63)"},
+            {"name": "meta, not blended with the fold-in"},
+            {"name": "baseline fine-tuned (k=4, ridge 10, blend 0.00)"},
+            {"name": "reference: matrix factorisation fold-in"}]
+    assert blends(rows) == {"meta": 0.63, "baseline fine-tuned": 0.0}
+    assert blends([{"name": "meta (maml, adapted k=5)"}]) == {}
