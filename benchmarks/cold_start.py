@@ -42,7 +42,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -161,16 +160,11 @@ def run_seed(seed: int, work: Path, trials: int, quick: bool, config: str,
             "blends": blends(result["rows"]), "tuned": tuned, **timings}
 
 
-#: How ``gmeta eval`` names a row's blend with the fold-in: "..., blend 0.52)".
-_BLEND = re.compile(r", blend ([0-9.]+)\)$")
-
-
 def blends(rows: list[dict]) -> dict[str, float]:
-    """Each blended row's weight of its own adapted predictions (the rest the fold-in's),
-    read from its name, by the row's short name: e.g. ``{"meta": 0.63, "baseline
-    fine-tuned": 0.52}``; a weight of 0 means the row is the fold-in alone."""
-    found = ((_short(r["name"]), _BLEND.search(r["name"])) for r in rows)
-    return {name: float(match.group(1)) for name, match in found if match}
+    """Each blended row's weight of its own adapted predictions (``gmeta eval``'s
+    ``blend``; the rest the fold-in's), by the row's short name: e.g. ``{"meta": 0.63,
+    "baseline fine-tuned": 0.52}``; a weight of 0 means the row is the fold-in alone."""
+    return {_short(r["name"]): r["blend"] for r in rows if r.get("blend") is not None}
 
 
 def _short(name: str) -> str:

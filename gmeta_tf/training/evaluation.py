@@ -401,11 +401,14 @@ def mean_over_splits(reports: list[dict[str, float]]) -> dict[str, float]:
 
 @dataclasses.dataclass
 class ComparedRow:
-    """One line of the comparison: its metrics and the rows they were computed from."""
+    """One line of the comparison: its metrics and the rows they were computed from;
+    ``blend``, for a model's predictions blended with the prior's fold-in, the weight of
+    its own (the rest the fold-in's; 0: the fold-in alone)."""
 
     name: str
     report: EvaluationReport
     scored: ScoredRows
+    blend: float | None = None
 
 
 def paired_against_first(rows: list[ComparedRow], kind: str, k: int, per_task: bool,
@@ -542,7 +545,7 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         blend = (float(model.tower.prior_blend.numpy()) if tasks and blends(model, config, name)
                  else None)
         rows.append(ComparedRow(title + ("" if blend is None else f", blend {blend:.2f}") + ")",
-                                *scored(predict_of(True))))
+                                *scored(predict_of(True)), blend=blend))
         if blend is not None and blend != 1.0:
             rows.append(ComparedRow(f"{short}, not blended with the fold-in",
                                     *scored(predict_of(False))))
@@ -584,9 +587,10 @@ def fit_reference_predictors(models: Models, config: PipelineConfig):
 
 
 def comparison_dict(rows: list[ComparedRow]) -> list[dict]:
-    """The comparison as JSON-ready dicts (``eval-<split>.json``)."""
-    return [{"name": r.name, **{k: _json_number(v) for k, v in r.report.overall.items()}}
-            for r in rows]
+    """The comparison as JSON-ready dicts (``eval-<split>.json``); a blended row also
+    carries its ``blend``."""
+    return [{"name": r.name, **{k: _json_number(v) for k, v in r.report.overall.items()},
+             **({} if r.blend is None else {"blend": r.blend})} for r in rows]
 
 
 def _json_number(value):

@@ -81,10 +81,10 @@ def test_paired_counts_a_lead_smaller_than_the_tables_rounding():
     assert gaps["auc"]["better_on_seeds"] == 0
 
 
-def test_blends_are_read_from_the_row_names_gmeta_eval_gives():
-    rows = [{"name": "meta (maml, adapted k=5 + ridge, blend 0.63)"},
+def test_blends_are_the_blended_rows_weights_by_their_short_names():
+    rows = [{"name": "meta (maml, adapted k=5 + ridge, blend 0.63)", "blend": 0.6312},
             {"name": "meta, not blended with the fold-in"},
-            {"name": "baseline fine-tuned (k=4, ridge 10, blend 0.00)"},
+            {"name": "baseline fine-tuned (k=4, ridge 10, blend 0.00)", "blend": 0.0},
             {"name": "reference: matrix factorisation fold-in"}]
-    assert blends(rows) == {"meta": 0.63, "baseline fine-tuned": 0.0}
+    assert blends(rows) == {"meta": 0.6312, "baseline fine-tuned": 0.0}
     assert blends([{"name": "meta (maml, adapted k=5)"}]) == {}

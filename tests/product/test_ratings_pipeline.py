@@ -117,6 +117,11 @@ def test_the_header_commands_train_on_two_ranks_and_compare_on_cold_users(rating
     assert names[0].startswith("meta (maml") and any(n.startswith("baseline fine-tuned")
                                                      for n in names)
     assert "reference: matrix factorisation fold-in" in names
+    # each blended row carries its weight, the one its name shows
+    blended = [r for r in cold["rows"] if "blend" in r]
+    assert {r["name"].split(" (")[0] for r in blended} == {"meta", "baseline fine-tuned"}
+    assert all(0.0 <= r["blend"] <= 1.0 and r["name"].endswith(f", blend {r['blend']:.2f})")
+               for r in blended)
     assert all(np.isfinite(r["auc"]) and np.isfinite(r["mae"]) for r in cold["rows"])
     assert cold["by_support_size"] and (run / "eval" / "valid.json").is_file()
     assert list((run / "export").iterdir()), "no SavedModel exported"
