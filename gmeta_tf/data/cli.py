@@ -117,7 +117,10 @@ def _add_csv(csv: argparse.ArgumentParser) -> None:
     m.add_argument("--separator", help="separator of the values in a multi-hot cell "
                                        "(default '|')")
     m.add_argument("--delimiter", help="field delimiter of the file (default ','; 'tab' or "
-                                       "'\\t' for a TSV file)")
+                                       "'\\t' for a TSV file; several characters too, "
+                                       "e.g. '::')")
+    m.add_argument("--encoding", help="character encoding of the file (default utf-8; e.g. "
+                                      "latin-1)")
     names = m.add_mutually_exclusive_group()
     names.add_argument("--no-header", dest="columns", type=_csv_list, metavar="COL,...",
                        help="the file has no header line: these are its column names")
@@ -175,7 +178,7 @@ def _mapping(args: argparse.Namespace) -> CsvMapping:
         d = dataclasses.asdict(CsvMapping.from_yaml(args.mapping))
     delimiter = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
     flags = {"task": args.task, "label": args.label, "order_by": args.order_by,
-             "separator": args.separator, "delimiter": delimiter,
+             "separator": args.separator, "delimiter": delimiter, "encoding": args.encoding,
              "label_threshold": args.label_threshold, "label_range": args.label_range,
              "sparse": args.sparse, "multi_hot": args.multi_hot, "dense": args.dense,
              "columns": args.columns or args.rename}

@@ -19,6 +19,7 @@ import os
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data import synthetic
+from gmeta_tf.data.converters.csv_mapping import recorded_mapping
 from gmeta_tf.data.converters.csv_mapping import source_record as csv_source_record
 from gmeta_tf.data.converters.pipeline import DEFAULT_MIN_BLOCKS
 from gmeta_tf.data.errors import DataError
@@ -75,6 +76,7 @@ def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: in
     source = recorded.get("source") or {}
     if d.source == "csv":
         expected = csv_source_record([d.raw], csv_mapping(config))
+        source = {**source, "mapping": recorded_mapping(source.get("mapping"))}
         for key in ("paths", "mapping", "inputs"):
             if source.get(key) != expected[key]:
                 return f"was converted from other {key} ({source.get(key)})"

@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gmeta_tf.data.converters.csv_lines import CsvCounts, header_of, text_batches
+from gmeta_tf.data.converters.csv_lines import (CsvCounts, CsvDialect, file_columns,
+                                                text_batches)
 from gmeta_tf.data.errors import DataError
 
 
@@ -23,11 +24,15 @@ class JoinSpec:
     """One side file of a CSV mapping.
 
     Args:
-        path: The side CSV file (with a header line).
+        path: The side CSV file.
         key: Its key column (one row per key).
         on: The main file's column holding the key (default: the same name as ``key``).
         columns: Side columns to add (default: every column but the key).
         delimiter: The side file's field delimiter (default: the main file's).
+        encoding: The side file's character encoding (default: the main file's).
+        header: Whether its first line names its columns (false: ``names`` does).
+        names: Its column names, one for each column in its order: for a file without a
+            header line, or read in place of its header line's.
     """
 
     path: str
@@ -35,12 +40,16 @@ class JoinSpec:
     on: str | None = None
     columns: list[str] | None = None
     delimiter: str | None = None
+    encoding: str | None = None
+    header: bool = True
+    names: list[str] | None = None
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "JoinSpec":
         if not isinstance(d, dict):
             raise DataError(f"mapping key {where!r} is not allowed", value=d,
-                            expected="a mapping with keys path, key, on, columns, delimiter")
+                            expected="a mapping with keys path, key, on, columns, delimiter, "
+                                     "encoding, header, names")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -50,12 +59,25 @@ class JoinSpec:
             if not isinstance(d.get(name), str) or not d[name]:
                 raise DataError(f"mapping key '{where}.{name}' is not allowed", value=d.get(name),
                                 expected="a non-empty string")
-        columns = d.get("columns")
-        if columns is not None and (not isinstance(columns, list)
-                                    or not all(isinstance(c, str) and c for c in columns)):
-            raise DataError(f"mapping key '{where}.columns' is not allowed", value=columns,
-                            expected="a list of column names")
-        return cls(**d)
+        for name in ("columns", "names"):
+            value = d.get(name)
+            if value is not None and (not isinstance(value, list)
+                                      or not all(isinstance(c, str) and c for c in value)):
+                raise DataError(f"mapping key '{where}.{name}' is not allowed", value=value,
+                                expected="a list of column names")
+        if not isinstance(d.get("header", True), bool):
+            raise DataError(f"mapping key '{where}.header' is not allowed", value=d["header"],
+                            expected="true or false")
+        if d.get("header") is False and not d.get("names"):
+            raise DataError(f"mapping key '{where}.names' is missing: header: false needs the "
+                            f"side file's column names, e.g. names: [item_id, title, genres]")
+        spec = cls(**d)
+        spec.dialect(CsvDialect()).check(f"{where}.")
+        return spec
+
+    def dialect(self, main: CsvDialect) -> CsvDialect:
+        """The side file's dialect: its own delimiter and encoding, else the main file's."""
+        return CsvDialect(self.delimiter or main.delimiter, self.encoding or main.encoding)
 
     @property
     def main_column(self) -> str:
@@ -65,16 +87,16 @@ class JoinSpec:
 class SideTable:
     """A side file in memory, ready to be joined to batches of the main file."""
 
-    def __init__(self, spec: JoinSpec, default_delimiter: str, block_bytes: int = 16 << 20):
+    def __init__(self, spec: JoinSpec, main: CsvDialect, block_bytes: int = 16 << 20):
         self.spec = spec
-        delimiter = spec.delimiter or default_delimiter
-        available = header_of(spec.path, delimiter)
+        dialect = spec.dialect(main)
+        available = file_columns(spec.path, dialect, spec.header, spec.names)
         self.columns = (list(spec.columns) if spec.columns is not None
                         else [c for c in available if c != spec.key])
         counts = CsvCounts()
-        batches = list(text_batches(spec.path, [spec.key, *self.columns], delimiter=delimiter,
-                                    header=True, names=None, policy="error", counts=counts,
-                                    block_bytes=block_bytes))
+        batches = list(text_batches(spec.path, [spec.key, *self.columns], dialect=dialect,
+                                    header=spec.header, names=spec.names, policy="error",
+                                    counts=counts, block_bytes=block_bytes))
         if not batches or not sum(b.num_rows for b, _ in batches):
             raise DataError("side file has no data rows", file=spec.path)
         table = pa.Table.from_batches([b for b, _ in batches])

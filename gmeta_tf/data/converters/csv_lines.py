@@ -5,13 +5,19 @@ of every row (malformed lines are taken out by pyarrow's invalid-row handler, bl
 are kept as rows so that counting stays exact), the column by name, and the raw text of a
 value that is not a number. Policy "error" stops at the first bad line; "skip" drops it
 and counts it (``CsvCounts``).
+
+A file's text format is a ``CsvDialect``: its field delimiter, which may be several
+characters (MovieLens 1M's ``::``), and its character encoding (``latin-1`` for files
+written by older tools).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import functools
+import io
 from typing import Iterator
 
 import numpy as np
@@ -25,6 +31,9 @@ from gmeta_tf.data.errors import DataError
 #: Raw values read as a missing number (pyarrow's defaults, as the CSV reader knows them).
 MISSING_NUMBER_TEXT = ("", "NA", "N/A", "n/a", "NaN", "nan", "-NaN", "-nan", "NULL", "null",
                        "None", "#N/A", "#NA")
+#: The byte a delimiter of several characters becomes before pyarrow (which parses one-byte
+#: delimiters) reads the file: the ASCII unit separator, which text files do not hold.
+_UNIT_SEPARATOR = b"\x1f"
 _NUMBER = r"^\s*[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
 
 
@@ -50,8 +59,9 @@ class _LineNumbers:
     file order (the reader runs on one thread); every other line is a row.
     """
 
-    def __init__(self, path: str, names: list[str], header_lines: int) -> None:
-        self.path, self.names, self.first = path, names, header_lines + 1
+    def __init__(self, path: str, names: list[str], header_lines: int,
+                 dialect: "CsvDialect") -> None:
+        self.path, self.names, self.first, self.dialect = path, names, header_lines + 1, dialect
         self.rejected: list[int] = []
         self.pending: list[tuple[int, int, str]] = []  # (line, columns found, text)
 
@@ -73,32 +83,165 @@ class _LineNumbers:
             line, found, text = self.pending[0]
             raise DataError(f"line {line}: malformed line with {found} columns, expected "
                             f"{len(self.names)} ({', '.join(self.names)}); --bad-rows skip "
-                            f"drops such lines", file=self.path, value=text[:200])
+                            f"drops such lines", file=self.path,
+                            value=self.dialect.as_written(text)[:200])
         counts.lines_skipped_malformed += len(self.pending)
         self.pending.clear()
 
 
-def header_of(path: str, delimiter: str) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class CsvDialect:
+    """How a CSV file's text is written.
+
+    Args:
+        delimiter: Between fields: one character (``,``, ``\\t``, ``;``), or several, e.g.
+            ``::`` as in MovieLens 1M's ``ratings.dat``. A delimiter of several characters
+            has no quoting: every occurrence separates two fields, and quotes are text.
+        encoding: The file's character encoding (a Python codec name: ``utf-8``,
+            ``latin-1``, ``cp1252``).
+    """
+
+    delimiter: str = ","
+    encoding: str = "utf-8"
+
+    def check(self, key: str = "") -> None:
+        """Raises a DataError naming ``key`` (e.g. ``delimiter``) for a bad setting."""
+        if not isinstance(self.delimiter, str) or not self.delimiter:
+            raise DataError(f"mapping key '{key}delimiter' is not allowed", value=self.delimiter,
+                            expected="a non-empty string, e.g. ',', '\\t' or '::'")
+        if "\n" in self.delimiter or "\r" in self.delimiter:
+            raise DataError(f"mapping key '{key}delimiter' is not allowed", value=self.delimiter,
+                            expected="characters other than a line break")
+        if not isinstance(self.encoding, str) or not self.encoding:
+            raise DataError(f"mapping key '{key}encoding' is not allowed", value=self.encoding,
+                            expected="a codec name, e.g. 'utf-8' or 'latin-1'")
+        try:
+            codec = codecs.lookup(self.encoding)
+        except LookupError as e:
+            raise DataError(f"mapping key '{key}encoding' is not allowed: unknown encoding",
+                            value=self.encoding, expected="a Python codec name, e.g. "
+                            "'utf-8', 'latin-1' or 'cp1252'") from e
+        if codec.encode("\n")[0] != b"\n":
+            raise DataError(f"mapping key '{key}encoding' is not allowed", value=self.encoding,
+                            expected="an encoding that writes ASCII as itself (utf-8, latin-1, "
+                                     "cp1252, ...)")
+
+    @property
+    def several(self) -> bool:
+        """Whether the delimiter has several characters (read through ``_DelimiterStream``)."""
+        return len(self.delimiter) > 1
+
+    def as_written(self, text: str) -> str:
+        """A line as pyarrow parsed it, with the delimiter the file has."""
+        return text.replace(_UNIT_SEPARATOR.decode(), self.delimiter) if self.several else text
+
+    def split_line(self, line: str) -> list[str]:
+        """One line's fields (a header line's names)."""
+        if self.several:
+            return line.rstrip("\r\n").split(self.delimiter)
+        return next(csv.reader([line], delimiter=self.delimiter), [])
+
+    def source(self, path: str):
+        """What ``pyarrow.csv.open_csv`` reads: the path, or for a delimiter of several
+        characters a stream of the file with each delimiter made one byte."""
+        if not self.several:
+            return path
+        return io.BufferedReader(_DelimiterStream(path, self.delimiter.encode(self.encoding)),
+                                 buffer_size=1 << 20)
+
+    def parse_options(self, handler) -> pacsv.ParseOptions:
+        if self.several:
+            return pacsv.ParseOptions(delimiter=_UNIT_SEPARATOR.decode(), quote_char=False,
+                                      ignore_empty_lines=False, invalid_row_handler=handler)
+        return pacsv.ParseOptions(delimiter=self.delimiter, ignore_empty_lines=False,
+                                  invalid_row_handler=handler)
+
+
+class _DelimiterStream(io.RawIOBase):
+    """A file's bytes with every (left-to-right, non-overlapping) occurrence of a delimiter
+    of several bytes replaced by ``_UNIT_SEPARATOR``: what pyarrow's one-byte CSV parser
+    reads. Line breaks are untouched, so line numbers are the file's own. A file that
+    already holds the unit separator is refused (its fields could not be told apart)."""
+
+    def __init__(self, path: str, delimiter: bytes, chunk_bytes: int = 1 << 20) -> None:
+        super().__init__()
+        self.path, self.delimiter, self.chunk_bytes = path, delimiter, chunk_bytes
+        self.file = open(path, "rb")
+        self.out = b""       # replaced bytes not yet read
+        self.held = b""      # raw bytes that may begin a delimiter the next chunk ends
+        self.lines_before = 0
+        self.eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.out and not self.eof:
+            self._fill()
+        n = min(len(buffer), len(self.out))
+        buffer[:n] = self.out[:n]
+        self.out = self.out[n:]
+        return n
+
+    def _fill(self) -> None:
+        chunk = self.file.read(self.chunk_bytes)
+        self.eof = not chunk
+        found = chunk.find(_UNIT_SEPARATOR)
+        if found >= 0:
+            line = self.lines_before + self.held.count(b"\n") + chunk.count(b"\n", 0, found) + 1
+            raise DataError(f"line {line}: the file holds the byte 0x1F (ASCII unit separator), "
+                            f"which reading a delimiter of several characters uses",
+                            file=self.path, expected="a file without that byte, or a "
+                            "one-character delimiter")
+        text = (self.held + chunk).replace(self.delimiter, _UNIT_SEPARATOR)
+        keep = 0 if self.eof else _prefix_at_end(text, self.delimiter)
+        self.held, text = text[len(text) - keep:], text[:len(text) - keep]
+        self.lines_before += text.count(b"\n")
+        self.out += text
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+def _prefix_at_end(text: bytes, delimiter: bytes) -> int:
+    """The length of the longest proper prefix of ``delimiter`` that ``text`` ends with."""
+    for k in range(len(delimiter) - 1, 0, -1):
+        if text.endswith(delimiter[:k]):
+            return k
+    return 0
+
+
+def header_of(path: str, dialect: CsvDialect) -> list[str]:
     """The column names on the first line of a CSV file."""
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            first = next(csv.reader(f, delimiter=delimiter), None)
+        with open(path, "rb") as f:
+            first = dialect.split_line(f.readline().decode(dialect.encoding).lstrip("\ufeff"))
     except FileNotFoundError as e:
         raise DataError("input file not found", file=path) from e
-    except (UnicodeDecodeError, csv.Error) as e:
+    except UnicodeDecodeError as e:
+        raise DataError(f"line 1: the header line is not {dialect.encoding} text ({e.reason} "
+                        f"at byte {e.start}){ENCODING_HINT}", file=path,
+                        value=e.object[max(0, e.start - 20):e.end + 20].decode(
+                            dialect.encoding, "replace")) from e
+    except csv.Error as e:
         raise DataError(f"cannot read the header line: {e}", file=path) from e
     if not first or not any(c.strip() for c in first):
         raise DataError("empty file: no header line and no data rows", file=path)
     return [c.strip() for c in first]
 
 
-def file_columns(path: str, delimiter: str, header: bool, names: list[str] | None) -> list[str]:
+ENCODING_HINT = "; the mapping key 'encoding' names the file's encoding, e.g. latin-1"
+
+
+def file_columns(path: str, dialect: CsvDialect, header: bool,
+                 names: list[str] | None) -> list[str]:
     """The names a CSV file's columns are read by: its header line's; ``names`` for a file
     without one; with both, ``names`` in place of the header line's, one for each of them
     (a file whose columns are named otherwise than a pipeline expects, read unedited)."""
     if not header:
         return list(names or [])
-    in_file = header_of(path, delimiter)
+    in_file = header_of(path, dialect)
     if not names:
         return in_file
     if len(names) != len(in_file):
@@ -117,7 +260,7 @@ def check_columns(path: str, wanted: list[str], available: list[str], what: str,
                             column=name, expected=f"one of {available}{hint}")
 
 
-def text_batches(path: str, columns: list[str], *, delimiter: str, header: bool,
+def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: bool,
                  names: list[str] | None, policy: str, counts: CsvCounts,
                  block_bytes: int, missing_hint: str = ""
                  ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
@@ -127,19 +270,18 @@ def text_batches(path: str, columns: list[str], *, delimiter: str, header: bool,
 
     Blank lines are dropped (counted); malformed lines raise or are skipped per ``policy``.
     """
-    all_names = file_columns(path, delimiter, header, names)
+    all_names = file_columns(path, dialect, header, names)
     check_columns(path, columns, all_names, "mapped column", missing_hint)
-    lines = _LineNumbers(path, all_names, 1 if header else 0)
+    lines = _LineNumbers(path, all_names, 1 if header else 0, dialect)
     read = pacsv.ReadOptions(block_size=block_bytes, use_threads=False,
                              column_names=all_names if names else None,
-                             skip_rows=1 if header and names else 0)
-    parse = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=False,
-                               invalid_row_handler=lines.handler)
+                             skip_rows=1 if header and names else 0, encoding=dialect.encoding)
+    parse = dialect.parse_options(lines.handler)
     convert = pacsv.ConvertOptions(include_columns=columns,
                                    column_types={c: pa.string() for c in columns},
                                    strings_can_be_null=False, quoted_strings_can_be_null=False)
-    opener = functools.partial(pacsv.open_csv, path, read_options=read, parse_options=parse,
-                               convert_options=convert)
+    opener = functools.partial(_open_csv, path, dialect, read_options=read,
+                               parse_options=parse, convert_options=convert)
     for batch, first_row in record_batches(opener, path, "CSV"):
         line_numbers = lines.of(first_row, batch.num_rows)
         batch, line_numbers = _without_blank_lines(batch, line_numbers, counts)
@@ -149,6 +291,46 @@ def text_batches(path: str, columns: list[str], *, delimiter: str, header: bool,
         lines.take_malformed(policy, counts)
         yield batch, line_numbers
     lines.take_malformed(policy, counts)
+
+
+def _open_csv(path: str, dialect: CsvDialect, **options) -> pacsv.CSVStreamingReader:
+    """pyarrow's streaming reader of ``path``; text the encoding cannot decode is reported by
+    its line."""
+    try:
+        return _Reader(pacsv.open_csv(dialect.source(path), **options), path, dialect)
+    except pa.ArrowInvalid as e:
+        _raise_if_not_text(e, path, dialect)
+        raise
+
+
+class _Reader:
+    """A pyarrow CSV reader whose text-decoding errors name the file's line."""
+
+    def __init__(self, reader, path: str, dialect: CsvDialect) -> None:
+        self.reader, self.path, self.dialect = reader, path, dialect
+
+    def read_next_batch(self) -> pa.RecordBatch:
+        try:
+            return self.reader.read_next_batch()
+        except pa.ArrowInvalid as e:
+            _raise_if_not_text(e, self.path, self.dialect)
+            raise
+
+
+def _raise_if_not_text(error: Exception, path: str, dialect: CsvDialect) -> None:
+    """For a pyarrow error on text the encoding does not decode, a DataError naming the
+    first such line of the file (read again, on this error path only)."""
+    if "UTF8" not in str(error) and "decode" not in str(error):
+        return
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                raw.decode(dialect.encoding)
+            except UnicodeDecodeError as e:
+                raise DataError(f"line {number}: not {dialect.encoding} text ({e.reason} at "
+                                f"byte {e.start} of the line){ENCODING_HINT}", file=path,
+                                value=raw[max(0, e.start - 20):e.end + 20].decode(
+                                    dialect.encoding, "replace")) from error
 
 
 def _without_blank_lines(batch: pa.RecordBatch, line_numbers: np.ndarray,

@@ -13,12 +13,14 @@ A new dataset needs a mapping, not code. Every key (README, "Your own data")::
     order_by: timestamp        # optional: numbers or ISO date-times; "last" query rows are
                                # the latest
     separator: "|"             # between the values of a multi-hot cell
-    delimiter: ","             # between fields
+    delimiter: ","             # between fields; several characters too, e.g. "::"
+    encoding: utf-8            # the file's character encoding, e.g. latin-1
     header: true               # false: give `columns: [names...]`
     columns: null              # with a header line: names read in place of that line's
     join:                      # optional side files, joined on a key before mapping
       - {path: items.csv, key: item_id, columns: [genres]}
       - {path: users.csv, key: user_id, on: user_id, delimiter: ";"}
+      - {path: movies.dat, key: item_id, header: false, names: [item_id, title, genres]}
 
 Sparse and multi-hot values become ids as described in ``gmeta_tf.data.hashing``. Every
 row keeps its line number until it is written, so a bad value is reported by line and
@@ -43,8 +45,8 @@ import pyarrow.compute as pc
 
 from gmeta_tf.data import hashing
 from gmeta_tf.data.converters.csv_join import JoinSpec, SideTable
-from gmeta_tf.data.converters.csv_lines import (CsvCounts, header_of, numbers, text_batches,
-                                                timestamps)
+from gmeta_tf.data.converters.csv_lines import (CsvCounts, CsvDialect, header_of, numbers,
+                                                text_batches, timestamps)
 from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
@@ -70,20 +72,19 @@ class CsvMapping:
     order_by: str | None = None
     separator: str = "|"
     delimiter: str = ","
+    encoding: str = "utf-8"
     header: bool = True
     columns: list[str] | None = None
     join: list[JoinSpec] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for name in ("task", "label", "separator", "delimiter"):
+        for name in ("task", "label", "separator"):
             if name == "task" and self.task is None:
                 continue
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise DataError(f"mapping key {name!r} is not allowed", value=getattr(self, name),
                                 expected="a non-empty string")
-        if len(self.delimiter) != 1:
-            raise DataError("mapping key 'delimiter' is not allowed", value=self.delimiter,
-                            expected="one character, e.g. ',' or '\\t'")
+        self.dialect.check()
         for name in ("sparse", "dense"):
             value = getattr(self, name)
             if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
@@ -104,6 +105,11 @@ class CsvMapping:
         if not self.header and not self.columns:
             raise DataError("mapping key 'columns' is missing: header: false needs the column "
                             "names, e.g. columns: [user, item, rating]")
+
+    @property
+    def dialect(self) -> CsvDialect:
+        """How the main file's text is written (side files default to it)."""
+        return CsvDialect(self.delimiter, self.encoding)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CsvMapping":
@@ -289,9 +295,9 @@ def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], 
     columns = mapping.input_columns(mapping.joined_columns(sides))
     for index, path in enumerate(paths):
         in_header = ({read: own for read, own in zip(mapping.columns, header_of(
-            path, mapping.delimiter)) if read != own} if mapping.header and mapping.columns
+            path, mapping.dialect)) if read != own} if mapping.header and mapping.columns
             else {})
-        for batch, lines in text_batches(path, columns, delimiter=mapping.delimiter,
+        for batch, lines in text_batches(path, columns, dialect=mapping.dialect,
                                          header=mapping.header, names=mapping.columns,
                                          policy=policy, counts=counts, block_bytes=block_bytes,
                                          missing_hint=RENAME_HINT if mapping.header else ""):
@@ -299,7 +305,7 @@ def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], 
 
 
 def _side_tables(mapping: CsvMapping) -> list[SideTable]:
-    sides = [SideTable(spec, mapping.delimiter) for spec in mapping.join]
+    sides = [SideTable(spec, mapping.dialect) for spec in mapping.join]
     seen: dict[str, str] = {}
     for side in sides:
         for column in side.columns:
@@ -309,6 +315,16 @@ def _side_tables(mapping: CsvMapping) -> list[SideTable]:
                                 f"join[].columns", file=side.spec.path, column=column)
             seen[column] = side.spec.path
     return sides
+
+
+def recorded_mapping(recorded: Any) -> Any:
+    """A manifest's recorded mapping as ``source_record`` would write it today: keys added
+    since (``encoding``, a side file's ``header``) at their defaults, so that a dataset
+    converted before them still fits its unchanged config."""
+    try:
+        return json.loads(json.dumps(dataclasses.asdict(CsvMapping.from_dict(recorded))))
+    except (DataError, TypeError, ValueError):
+        return recorded
 
 
 def source_record(paths: list[str], mapping: CsvMapping) -> dict:
