@@ -503,6 +503,10 @@ def apply_override(raw: dict, item: str) -> None:
         value = load_yaml(text) if text.strip() else None
     except yaml.YAMLError as err:
         raise ConfigError(f"override {item!r}: value is not valid YAML ({err})") from err
+    if isinstance(value, dict) and not text.strip().startswith("{"):
+        # A one-line value YAML reads as a block mapping is text with a colon: '::' (a
+        # delimiter) would be {':': None}. A mapping is written in flow style, {a: 1}.
+        value = text.strip()
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):

@@ -277,6 +277,22 @@ def test_bad_override_syntax_and_bad_yaml(tmp_path):
         load_config("no-such-pipeline")
 
 
+def test_an_override_with_a_colon_is_text_unless_written_as_a_flow_mapping():
+    raw: dict = {}
+    for item, want in (("data.mapping.delimiter=::", "::"), ("a.b=x: y", "x: y"),
+                       ("a.c={x: 1}", {"x": 1}), ("a.d=[u, v]", ["u", "v"]), ("a.e=3", 3),
+                       ("a.f=false", False)):
+        apply_override(raw, item)
+        node = raw
+        for part in item.partition("=")[0].split("."):
+            node = node[part]
+        assert node == want, item
+    config = load_config("ratings", ["data.mapping.delimiter=::", "data.mapping.header=false",
+                                     "data.mapping.columns=[user_id,item_id,rating,timestamp]"],
+                         tuned=False)
+    assert config.data.mapping["delimiter"] == "::"
+
+
 def test_yaml_is_loaded_safely(tmp_path):
     evil = tmp_path / "evil.yaml"
     evil.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
