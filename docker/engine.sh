@@ -37,9 +37,9 @@ our_pid() {
 install_engine() {
   echo "[engine] installing Debian's docker.io"
   export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y -q --no-install-recommends docker.io >"$STATE/apt.log" 2>&1; then
-    apt-get update -q >>"$STATE/apt.log" 2>&1 || true
-    apt-get install -y -q --no-install-recommends docker.io >>"$STATE/apt.log" 2>&1 || {
+  if ! apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends docker.io >"$STATE/apt.log" 2>&1; then
+    apt-get -o DPkg::Lock::Timeout=600 update -q >>"$STATE/apt.log" 2>&1 || true
+    apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends docker.io >>"$STATE/apt.log" 2>&1 || {
       tail -5 "$STATE/apt.log"; echo "[engine] apt-get install docker.io failed"; return 1; }
   fi
 }

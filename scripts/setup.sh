@@ -22,8 +22,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   command -v ssh >/dev/null 2>&1 || missing="$missing openssh-client"
   if [ -n "$missing" ]; then
     echo "[setup] installing the local cluster's Debian packages:$missing"
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing \
+    # another apt run (a second setup, the Docker engine's install, unattended upgrades)
+    # holds the package locks for a while: wait for it rather than fail
+    apt-get -o DPkg::Lock::Timeout=600 update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q \
+      --no-install-recommends $missing \
       >/dev/null
   fi
 fi
