@@ -163,12 +163,14 @@ def test_converter_rejects_bad_labels(tmp_path, value, problem):
     ({"label": "rating", "label_threshold": 4}, "nan", r"NaN or missing label \(got nan, "
      r"expected a number\)"),
     ({"label": "rating", "label_threshold": 4, "label_range": [0.5, 5]}, "7",
-     r"label out of range \(got 7.0, expected a number in \[0.5, 5\]\)"),
+     r"label out of range \(got 7.0, expected a number in \[0.5, 5\], the range the mapping key "
+     r"'label_range' \(gmeta data csv --label-range\) sets\)"),
     ({"label": "rating"}, "nan", r"NaN or missing label \(got nan, expected a number\)"),
 ])
 def test_a_bad_label_is_named_as_the_file_names_it(tmp_path, mapping, value, expected):
     """A label the converter derives (rating >= 4) or stores under another name ('label')
-    is reported by the file's own column and task value, not the stored ones."""
+    is reported by the file's own column and task value, not the stored ones; a value out
+    of range names the key that set the range."""
     src = tmp_path / "in.csv"
     src.write_text("\n".join(["user_id,item_id,rating"] + [f"u{u},{i},{1 + (u + i) % 5}" for u in
                    range(1, 6) for i in range(20)][:50] + [f"u4,99,{value}"]) + "\n")

@@ -237,9 +237,12 @@ class _RowParser:
         stored_label = LABEL if m.label_threshold is None else m.label
         label_in_file = in_header.get(m.label, m.label)
         own = {stored_label: label_in_file} if stored_label != label_in_file else {}
+        range_key = ({stored_label: "the mapping key 'label_range' (gmeta data csv --label-range)"}
+                     if m.label_range is not None else {})
         return RawBatch(columns_to_batch(self._columns(text, values, lines, file_index)),
                         path, 0, lines, file_columns=own,
-                        task_text=pc.utf8_trim_whitespace(text[m.task]) if m.task else None)
+                        task_text=pc.utf8_trim_whitespace(text[m.task]) if m.task else None,
+                        range_set_by=range_key)
 
     def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str,
               in_header: dict[str, str]) -> np.ndarray | None:

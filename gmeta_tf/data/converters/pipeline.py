@@ -99,6 +99,9 @@ class RawBatch:
     # 'label'), and every row's task as the file writes it (before hashing), when known
     file_columns: dict[str, str] = dataclasses.field(default_factory=dict)
     task_text: pa.Array | None = None
+    # what sets a stored label's valid range, where the user sets it (a CSV mapping's key),
+    # named next to an out-of-range value
+    range_set_by: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def where(self, i: int) -> str:
         """Row ``i`` in words, for an error message."""
@@ -168,12 +171,17 @@ def check_labels(raw: RawBatch, schema: Schema, policy: str) -> tuple[pa.RecordB
             raise DataError(f"{raw.where(i)}: {what}", file=raw.source,
                             column=raw.column(label.name), task=raw.task(i),
                             value=float(values[i]),
-                            expected=(f"a number in [{lo:g}, {hi:g}]"
-                                      if np.isfinite([lo, hi]).all() else "a number"))
+                            expected=_expected_label(lo, hi, raw.range_set_by.get(label.name)))
         bad |= this_bad
     if not bad.any():
         return raw.batch, 0
     return raw.batch.filter(pa.array(~bad)), int(bad.sum())
+
+
+def _expected_label(lo: float, hi: float, set_by: str | None) -> str:
+    if not np.isfinite([lo, hi]).all():
+        return "a number"
+    return f"a number in [{lo:g}, {hi:g}]" + (f", the range {set_by} sets" if set_by else "")
 
 
 def num_buckets(input_bytes: int, bucket_bytes: int) -> int:
