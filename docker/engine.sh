@@ -34,12 +34,16 @@ our_pid() {
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
 }
 
+# apt-get that waits up to 10 minutes for the package locks another apt run holds (a
+# setup installing the local cluster's packages, unattended upgrades) rather than failing
+apt_get() { apt-get -o DPkg::Lock::Timeout=600 "$@"; }
+
 install_engine() {
   echo "[engine] installing Debian's docker.io"
   export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends docker.io >"$STATE/apt.log" 2>&1; then
-    apt-get -o DPkg::Lock::Timeout=600 update -q >>"$STATE/apt.log" 2>&1 || true
-    apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends docker.io >>"$STATE/apt.log" 2>&1 || {
+  if ! apt_get install -y -q --no-install-recommends docker.io >"$STATE/apt.log" 2>&1; then
+    apt_get update -q >>"$STATE/apt.log" 2>&1 || true
+    apt_get install -y -q --no-install-recommends docker.io >>"$STATE/apt.log" 2>&1 || {
       tail -5 "$STATE/apt.log"; echo "[engine] apt-get install docker.io failed"; return 1; }
   fi
 }

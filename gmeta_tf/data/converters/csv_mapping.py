@@ -208,6 +208,11 @@ class _RowParser:
     def __init__(self, mapping: CsvMapping, sides: list[SideTable], policy: str,
                  counts: CsvCounts) -> None:
         self.mapping, self.sides, self.policy, self.counts = mapping, sides, policy, counts
+        self.stored_label = LABEL if mapping.label_threshold is None else mapping.label
+        # an out-of-range label's error names the key that set the range
+        self.range_set_by = ({self.stored_label: "the mapping key 'label_range' (gmeta data csv "
+                                                 "--label-range)"}
+                             if mapping.label_range is not None else {})
 
     def parse(self, batch: pa.RecordBatch, lines: np.ndarray, path: str, file_index: int,
               in_header: dict[str, str] | None = None) -> RawBatch:
@@ -234,15 +239,12 @@ class _RowParser:
             text = {k: v.filter(pa.array(keep)) for k, v in text.items()}
             values = {k: v[keep] for k, v in values.items()}
             lines = lines[keep]
-        stored_label = LABEL if m.label_threshold is None else m.label
         label_in_file = in_header.get(m.label, m.label)
-        own = {stored_label: label_in_file} if stored_label != label_in_file else {}
-        range_key = ({stored_label: "the mapping key 'label_range' (gmeta data csv --label-range)"}
-                     if m.label_range is not None else {})
+        own = {self.stored_label: label_in_file} if self.stored_label != label_in_file else {}
         return RawBatch(columns_to_batch(self._columns(text, values, lines, file_index)),
                         path, 0, lines, file_columns=own,
                         task_text=pc.utf8_trim_whitespace(text[m.task]) if m.task else None,
-                        range_set_by=range_key)
+                        range_set_by=self.range_set_by)
 
     def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str,
               in_header: dict[str, str]) -> np.ndarray | None:
