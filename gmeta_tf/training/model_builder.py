@@ -61,6 +61,15 @@ def dataset_schema(config: PipelineConfig) -> meta_io.Schema:
     return meta_io.Manifest.load(config.data.path).schema
 
 
+#: How to fit a config to a dataset that lacks a feature it names.
+MISSING_FEATURE_HINT = (
+    ". A dataset's features are named as its file's columns: to read a column by the "
+    "config's name, convert with the mapping key 'columns' (gmeta data csv --rename "
+    "COL,...); a feature the data has no column for leaves the config (its table, "
+    "model.item_features, model.user_features), as pipelines/ratings.yaml is "
+    "pipelines/movielens.yaml for a ratings log alone")
+
+
 def _check_features(model: ModelConfig, schema: meta_io.Schema) -> None:
     names = {f.name: f for f in schema.features}
     for table, spec in model.tables.items():
@@ -68,7 +77,8 @@ def _check_features(model: ModelConfig, schema: meta_io.Schema) -> None:
             if f not in names or names[f].kind.value not in ("sparse", "multi_hot"):
                 raise ConfigError(f"config key 'model.tables.{table}.features' names {f!r}, "
                                   f"which is not a sparse feature of the dataset; its sparse "
-                                  f"features are {_of_kind(schema, 'sparse', 'multi_hot')}")
+                                  f"features are {_of_kind(schema, 'sparse', 'multi_hot')}"
+                                  + ("" if f in names else MISSING_FEATURE_HINT))
     for f, width in model.dense_features.items():
         if f not in names or names[f].kind.value != "dense" or names[f].dim != width:
             raise ConfigError(f"config key 'model.dense_features.{f}' = {width!r} is not allowed: "

@@ -254,3 +254,16 @@ def test_a_click_log_without_a_task_validates_on_a_fraction_of_its_rows(tmp_path
                                           r"adapts to each task"):
         prepare_dataset(pipeline(no_task, rows_split, "meta.enabled=true"), overwrite=True)
     assert meta_io.Manifest.load(str(tmp_path / "data")).files == by_row.files  # kept
+
+
+def test_a_table_naming_a_column_the_data_lacks_says_how_to_fit_the_config(trained, capsys):
+    """A pipeline copied for other data (``pipelines/movielens.yaml`` over a ratings log
+    whose columns are ``userId,movieId``) names features the dataset lacks: the error
+    names the key and the dataset's features and says how to rename or drop them."""
+    run_dir, data_dir = trained
+    sets = _sets(run_dir, data_dir, 4, "model.tables.movie={features: [movieId]}")
+    assert main(["train", "--fresh", *sets]) == 2
+    err = capsys.readouterr().err
+    assert "config key 'model.tables.movie.features' names 'movieId', which is not a sparse" in err
+    assert "gmeta data csv --rename" in err and "pipelines/ratings.yaml" in err
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
