@@ -65,31 +65,37 @@ def dataset_schema(config: PipelineConfig) -> meta_io.Schema:
 MISSING_FEATURE_HINT = (
     ". A dataset's features are named as its file's columns: to read a column by the "
     "config's name, convert with the mapping key 'columns' (gmeta data csv --rename "
-    "COL,...); a feature the data has no column for leaves the config (its table, "
-    "model.item_features, model.user_features), as pipelines/ratings.yaml is "
+    "COL,...); a feature the data has no column for leaves every key naming it (its "
+    "table or model.dense_features entry, model.item_features, model.user_features, "
+    "model.prior), as pipelines/ratings.yaml is "
     "pipelines/movielens.yaml for a ratings log alone")
 
 
 def _check_features(model: ModelConfig, schema: meta_io.Schema) -> None:
     names = {f.name: f for f in schema.features}
+
+    def absent(feature: str) -> str:  # the hint, where the dataset has no such feature
+        return "" if feature in names else MISSING_FEATURE_HINT
+
     for table, spec in model.tables.items():
         for f in spec.features:
             if f not in names or names[f].kind.value not in ("sparse", "multi_hot"):
                 raise ConfigError(f"config key 'model.tables.{table}.features' names {f!r}, "
                                   f"which is not a sparse feature of the dataset; its sparse "
                                   f"features are {_of_kind(schema, 'sparse', 'multi_hot')}"
-                                  + ("" if f in names else MISSING_FEATURE_HINT))
+                                  + absent(f))
     for f, width in model.dense_features.items():
         if f not in names or names[f].kind.value != "dense" or names[f].dim != width:
             raise ConfigError(f"config key 'model.dense_features.{f}' = {width!r} is not allowed: "
                               f"expected a dense feature of the dataset with its width, one of "
-                              f"{ {n: names[n].dim for n in _of_kind(schema, 'dense')} }")
+                              f"{ {n: names[n].dim for n in _of_kind(schema, 'dense')} }"
+                              + absent(f))
     prior = model.prior
     if prior is not None and (prior.feature not in names
                               or names[prior.feature].kind.value != "sparse"):
         raise ConfigError(f"config key 'model.prior.feature' = {prior.feature!r} is not allowed: "
                           f"expected a single-valued sparse feature of the dataset, one of "
-                          f"{_of_kind(schema, 'sparse')}")
+                          f"{_of_kind(schema, 'sparse')}" + absent(prior.feature))
     for name in (PRIOR_INPUT, PRIOR_FACTORS):
         if prior is not None and name in model.dense_features:
             raise ConfigError(f"config key 'model.dense_features.{name}' is not allowed with "

@@ -267,3 +267,10 @@ def test_a_table_naming_a_column_the_data_lacks_says_how_to_fit_the_config(train
     assert "config key 'model.tables.movie.features' names 'movieId', which is not a sparse" in err
     assert "gmeta data csv --rename" in err and "pipelines/ratings.yaml" in err
     assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+    # the same for a dense feature the dataset lacks
+    sets = _sets(run_dir, data_dir, 4, "model.dense_features={runtime: 1}")
+    assert main(["train", "--fresh", *sets]) == 2
+    err = capsys.readouterr().err
+    assert "config key 'model.dense_features.runtime' = 1 is not allowed" in err
+    assert "gmeta data csv --rename" in err and "pipelines/ratings.yaml" in err
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
