@@ -82,28 +82,61 @@ def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: in
                 return f"was converted from other {key} ({source.get(key)})"
     if d.source == "criteo" and source.get("task_column", "C2") != d.task_column:
         return f"was converted with task column {source.get('task_column', 'C2')!r}"
-    # source dataset without a split: whatever the dataset was split with
-    wanted = dataclasses.asdict(d.split) if d.split is not None else {}
-    differs = {k: recorded.get(k) for k, v in wanted.items() if recorded.get(k) != v}
-    if differs:
-        key = next(iter(differs))
-        return (f"was split with {key} = {differs[key]!r}, the config asks for "
-                f"data.split.{key} = {wanted[key]!r}")
+    differences = _layout_differences(config, manifest)
+    if differences:  # every one at once: a user fixes them in one round trip
+        return "; and it ".join(_difference_text(*difference) for difference in differences)
     if (d.source != "dataset" and recorded.get("train_long_tasks")
             and recorded.get("max_rows") is not None
             and "long_tasks_moved_to_warm" not in recorded):
         return ("was split before long warm tasks drawn for validation were trained on "
                 "(they were dropped)")
-    option = recorded.get("output", {}).get("rows_per_block_option", d.rows_per_block)
-    if d.rows_per_block is not None and option != d.rows_per_block:
-        return (f"was written with rows_per_block {option or 'auto'}, the config asks for "
-                f"data.rows_per_block = {d.rows_per_block}")
     few = _too_few_blocks(manifest, world_size)
     if few and d.rows_per_block is not None:  # made again, it would have as few
         raise ConfigError(f"config key 'data.rows_per_block' = {d.rows_per_block} is not "
                           f"allowed: the dataset {few}; expected fewer rows per block, or "
                           f"no data.rows_per_block (chosen from the rows and the ranks)")
     return few
+
+
+def _layout_differences(config: PipelineConfig, manifest: meta_io.Manifest) -> list[tuple]:
+    """(key, the dataset's value, the config's) for every split key and the block size the
+    config asks for and the dataset was not made with. A config without ``data.split`` (a
+    ``dataset`` source read as it was converted) asks for no split key."""
+    d = config.data
+    recorded = manifest.split
+    wanted = dataclasses.asdict(d.split) if d.split is not None else {}
+    differences = [(k, recorded.get(k), v) for k, v in wanted.items() if recorded.get(k) != v]
+    option = recorded.get("output", {}).get("rows_per_block_option", d.rows_per_block)
+    if d.rows_per_block is not None and option != d.rows_per_block:
+        differences.append(("rows_per_block", option, d.rows_per_block))
+    return differences
+
+
+def _config_key(key: str) -> str:
+    return "data.rows_per_block" if key == "rows_per_block" else f"data.split.{key}"
+
+
+def _difference_text(key: str, have, want) -> str:
+    if key == "rows_per_block":
+        return (f"was written with rows_per_block {have or 'auto'}, the config asks for "
+                f"data.rows_per_block = {want}")
+    return f"was split with {key} = {have!r}, the config asks for data.split.{key} = {want!r}"
+
+
+def _yaml_value(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _conversion_flags(differences: list[tuple]) -> str:
+    """The ``gmeta data csv`` flags that would make a dataset with the config's values."""
+    flags = []
+    for key, _, want in differences:
+        flag = "--" + key.replace("_", "-")
+        if isinstance(want, bool):
+            flags.append(flag if want else f"--no-{key.replace('_', '-')}")
+        elif want is not None:
+            flags.append(f"{flag} {want}")
+    return " ".join(flags)
 
 
 def _too_few_blocks(manifest: meta_io.Manifest, world_size: int) -> str | None:
@@ -139,10 +172,21 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False,
             log.info("dataset %s exists: using it", d.path)
             return manifest
         if d.source == "dataset":
+            differences = _layout_differences(config, manifest)
+            flags = _conversion_flags(differences)
+            keys = ", ".join(f"{_config_key(k)}: "
+                             f"{'null' if k == 'rows_per_block' else _yaml_value(h)}"
+                             for k, h, _ in differences)
+            remedy = (f"; either convert it again with what the config asks (gmeta data csv "
+                      f"... --overwrite {flags}), or give the config what the dataset has "
+                      f"({keys}; or leave out data.split and data.rows_per_block: a "
+                      f"'dataset' source is then read as it was converted)"
+                      if differences else
+                      "; convert it again (gmeta data csv ... --overwrite) with what the "
+                      "config asks, or change the config")
             raise ConfigError(f"config key 'data.path' = {d.path!r} is not allowed: the dataset "
-                              f"there {reason}; convert it again (gmeta data csv ... "
-                              f"--overwrite) with what the config asks, or change the config "
-                              f"(data.source 'dataset' is never rewritten)")
+                              f"there {reason}{remedy} (data.source 'dataset' is never "
+                              f"rewritten)")
         log.warning("dataset %s %s: making it again from %s", d.path, reason, d.source)
     if d.source == "dataset":
         raise ConfigError(f"config key 'data.path' = {d.path!r} is not allowed: expected a "

@@ -182,7 +182,7 @@ def test_a_dataset_split_before_long_validation_tasks_were_trained_on_is_made_ag
 
 def test_a_dataset_source_refuses_a_config_it_does_not_fit(tmp_path):
     made = _ratings_pipeline(tmp_path)
-    prepare_dataset(made)
+    made_files = prepare_dataset(made).files
     config = _ratings_pipeline(tmp_path, "data.source=dataset", "data.raw=null",
                                "data.mapping=null", "data.rows_per_block=7")
     with pytest.raises(ConfigError, match=r"the dataset there was written with "
@@ -194,6 +194,24 @@ def test_a_dataset_source_refuses_a_config_it_does_not_fit(tmp_path):
     with pytest.raises(ConfigError, match=r"was split with query_size = 5, the config asks for "
                                           r"data.split.query_size = 3"):
         prepare_dataset(config)
+    # every difference in one error, with the flags and the keys that would fix them
+    config = _ratings_pipeline(tmp_path, "data.source=dataset", "data.raw=null",
+                               "data.mapping=null", "data.rows_per_block=7",
+                               "data.split={query_size: 3, min_rows: 10, train_long_tasks: false}")
+    with pytest.raises(ConfigError) as caught:
+        prepare_dataset(config)
+    message = str(caught.value)
+    for part in ("query_size = 5, the config asks for data.split.query_size = 3",
+                 "train_long_tasks = True, the config asks for data.split.train_long_tasks = "
+                 "False", "rows_per_block auto, the config asks for data.rows_per_block = 7",
+                 "--overwrite --query-size 3 --no-train-long-tasks --rows-per-block 7",
+                 "data.split.query_size: 5, data.split.train_long_tasks: true, "
+                 "data.rows_per_block: null", "leave out data.split and data.rows_per_block"):
+        assert part in message, message
+    # ... and leaving them out reads the dataset as it was converted
+    config = _ratings_pipeline(tmp_path, "data.source=dataset", "data.raw=null",
+                               "data.mapping=null", "data.split=null", "data.rows_per_block=null")
+    assert prepare_dataset(config).files == made_files
 
 
 def test_a_csv_pipeline_needs_its_mapping_and_names_a_bad_mapping_key(tmp_path):
