@@ -287,6 +287,13 @@ class TrainConfig:
     meta-training starts from those weights (pre-training then meta-training, as in Chen
     et al. 2021, "Meta-Baseline"); validation scores it throughout, and ``patience``
     counts from the end of pre-training.
+    ``linear_margin`` (a plain model with ``model.start_from_linear``; 0: off): the linear
+    start, validated at step 0, stays the best checkpoint until a later one beats its
+    validation metric by more than this many standard errors of their paired difference
+    on the validation rows (DeLong's for AUC; of the rows' paired losses for log loss and
+    MAE). Validation rows are few on a small log, and the best of many checkpoints is
+    biased upward: 1 is the one-standard-error rule (Hastie et al., The Elements of
+    Statistical Learning, 7.10), the simpler model kept unless the other is clearly better.
     """
 
     steps: int = field(1000, min=1)
@@ -304,6 +311,7 @@ class TrainConfig:
     valid_resplits: int = field(1, min=1)
     select_metric: Literal["auto", "auc", "ndcg", "logloss", "mae"] = "auto"
     patience: int = field(0, min=0)
+    linear_margin: float = field(0.0, min=0.0)
     resplit: bool = True
     pretrain_steps: int = field(0, min=0)
     checkpoint_every: int = field(0, min=0)
@@ -766,6 +774,11 @@ def check_consistency(config: PipelineConfig) -> None:
                        f"id of the training rows needs a row for its weight)")
         if why is not None:
             raise _fail("model.start_from_linear", True, f"false {why}")
+    if config.train.linear_margin > 0 and not (model.start_from_linear
+                                               and not config.meta.enabled):
+        raise _fail("train.linear_margin", config.train.linear_margin,
+                    "0 without model.start_from_linear: true (the margin is over the linear "
+                    "start's validation)")
     if model.prior is not None and model.prior.feature not in tower_sparse:
         raise _fail("model.prior.feature", model.prior.feature,
                     f"a sparse feature of the tower ({list(tower_sparse)})")

@@ -27,6 +27,27 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
+def auc_difference_se(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray) -> float:
+    """Standard error of ``auc(labels, a) - auc(labels, b)`` over the same rows (DeLong,
+    DeLong and Clarke-Pearson 1988, by midranks as Sun and Xu 2014 compute it); NaN
+    without two rows of each class."""
+    labels = np.asarray(labels, np.float64).ravel() > 0.5
+    m, n = int(labels.sum()), int((~labels).sum())
+    if m < 2 or n < 2:
+        return float("nan")
+    pos_parts, neg_parts = [], []
+    for scores in (scores_a, scores_b):
+        scores = np.asarray(scores, np.float64).ravel()
+        x, y = scores[labels], scores[~labels]
+        ranks = _average_ranks(np.concatenate([x, y]))
+        pos_parts.append((ranks[:m] - _average_ranks(x)) / n)        # each positive's AUC
+        neg_parts.append(1.0 - (ranks[m:] - _average_ranks(y)) / m)  # each negative's
+    contrast = np.array([1.0, -1.0])
+    variance = (contrast @ np.cov(np.stack(pos_parts)) @ contrast / m
+                + contrast @ np.cov(np.stack(neg_parts)) @ contrast / n)
+    return float(np.sqrt(max(variance, 0.0)))
+
+
 def row_log_losses(labels: np.ndarray, probabilities: np.ndarray,
                    eps: float = 1e-7) -> np.ndarray:
     """Each row's binary cross-entropy (probabilities clipped to [eps, 1 - eps]), flat."""

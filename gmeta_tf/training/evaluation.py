@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Callable, Collection, Iterable, Mapping
 
 import numpy as np
@@ -25,8 +26,10 @@ import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf import distributed
+from gmeta_tf.atomic_file import write_atomically
 from gmeta_tf.config import PipelineConfig, configured_blend, tower_sparse_features
 from gmeta_tf.meta import EvaluationReport, MetaModel, fine_tuned_predictions
+from gmeta_tf.meta import metrics
 from gmeta_tf.meta.evaluation import fold_in_predictions, report_from_rows, traced_once
 from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
 from gmeta_tf.models.tower import Tower
@@ -307,6 +310,10 @@ class Validator:
             self.predictors["model"] = row_predict(models.model)
         self._batches: list | None = None
         self._fold_in: list[ScoredRows] | None = None
+        #: With ``train.linear_margin``: the linear start's validation predictions (step 0).
+        self._linear: np.ndarray | None = None
+        self._linear_path = (Path(config.checkpoint_dir) / LINEAR_VALIDATION_FILE
+                             if guards_linear_start(config) else None)
 
     def _load(self) -> list[list[tuple[Mapping, bool]]]:
         """The validation batches of every split of the tasks (``train.valid_resplits``):
@@ -335,8 +342,10 @@ class Validator:
                           + [(batches[-1], False)] * (count - len(batches)))
         return splits
 
-    def __call__(self, skip: Collection[str] = ()) -> dict[str, dict[str, float]]:
-        """Every model's metrics but those of the models in ``skip``."""
+    def __call__(self, skip: Collection[str] = (), step: int | None = None
+                 ) -> dict[str, dict[str, float]]:
+        """Every model's metrics but those of the models in ``skip``; ``step`` 0 is the
+        linear start's validation (``train.linear_margin``: its predictions are kept)."""
         if self._batches is None:  # read once: the split does not change during training
             self._batches = self._load()
         out = {}
@@ -348,12 +357,43 @@ class Validator:
             if not reports:
                 continue
             out[name] = mean_over_splits(reports)
+            if self._linear_path is not None and name == "model":
+                margin = self._linear_margin(splits[0], step)
+                if margin is not None:
+                    out[name]["linear_margin"] = margin
             if name in self.blended:
                 blended, out[name]["blend"] = self._blend(self.blended[name], splits)
                 metric = selection_metric(self.config)
                 out[name][f"blended_{metric}"] = mean_over_splits(
                     self._reports(blended))[metric]
         return out
+
+    def _linear_margin(self, scored: ScoredRows, step: int | None) -> float | None:
+        """How far this validation's selection metric must beat the linear start's for the
+        model to replace it as the best checkpoint: ``train.linear_margin`` standard errors
+        of their paired difference on these rows. At step 0 (the linear start itself) its
+        predictions are kept, in memory and beside the checkpoints for a resumed run."""
+        if step == 0:
+            self._linear = np.asarray(scored.prediction, np.float64)
+            if distributed.rank() == 0:
+                self._linear_path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomically(self._linear_path, self._save_linear)
+            return None
+        if self._linear is None and self._linear_path.is_file():
+            with open(self._linear_path, "rb") as f:
+                self._linear = np.load(f)
+        margin = math.nan  # no linear start validated on these rows: no guard
+        if self._linear is not None and len(self._linear) == len(scored.prediction):
+            se = paired_difference_se(selection_metric(self.config), self.kind, scored.binary,
+                                      scored.label, scored.prediction, self._linear)
+            margin = self.config.train.linear_margin * se
+        # rank 0's, so every rank chooses alike (a resumed rank reads the file rank 0 wrote)
+        margin = float(distributed.allgather(np.array([margin], np.float64))[0])
+        return margin if math.isfinite(margin) else None
+
+    def _save_linear(self, path: Path) -> None:
+        with open(path, "wb") as f:
+            np.save(f, self._linear)
 
     def _reports(self, splits: list[ScoredRows]) -> list[dict[str, float]]:
         return [report(s, self.kind, self.k, self.tasks).overall
@@ -383,6 +423,31 @@ class Validator:
         tower.prior_blend.assign(blend)
         return [dataclasses.replace(s, prediction=blend * s.prediction + (1.0 - blend) * f)
                 for s, f in zip(splits, fold_in)], blend
+
+
+#: The linear start's validation predictions, beside the checkpoints (``Validator``).
+LINEAR_VALIDATION_FILE = "LINEAR_VALIDATION.npy"
+
+
+def guards_linear_start(config: PipelineConfig) -> bool:
+    """Whether a checkpoint must beat the linear start by ``train.linear_margin``."""
+    return (config.model.start_from_linear and config.train.linear_margin > 0
+            and not config.meta.enabled)
+
+
+def paired_difference_se(metric: str, kind: str, binary: np.ndarray, label: np.ndarray,
+                         a: np.ndarray, b: np.ndarray) -> float:
+    """Standard error of ``metric`` of predictions ``a`` minus that of ``b`` on the same
+    rows: DeLong's for AUC, of the mean paired row difference for log loss and MAE."""
+    if metric == "auc":
+        return metrics.auc_difference_se(binary, a, b)
+    if metric in ("logloss", "mae"):
+        rows = metrics.row_log_losses if kind == "binary" else metrics.row_absolute_errors
+        difference = rows(label, a) - rows(label, b)
+        if len(difference) < 2:
+            return math.nan
+        return float(np.std(difference, ddof=1) / math.sqrt(len(difference)))
+    return math.nan
 
 
 def mean_over_splits(reports: list[dict[str, float]]) -> dict[str, float]:

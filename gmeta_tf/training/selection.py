@@ -72,7 +72,10 @@ class Selection:
             value = metrics.get(self.metric)
             value = math.nan if value is None else value
             previous = self.best.get(name)
-            if improves(self.metric, value, previous.value if previous else None):
+            # the linear start (step 0) is kept unless beaten by a margin (linear_margin)
+            margin = metrics.get("linear_margin") if previous and previous.step == 0 else None
+            if improves(self.metric, value, previous.value if previous else None,
+                        min_delta=margin or 0.0):
                 self.best[name] = Best(step, float(value), dict(metrics))
                 improved.append(name)
         for name in results:

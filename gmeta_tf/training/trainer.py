@@ -635,7 +635,7 @@ class Trainer:
         split = self.config.train.validation_split
         if self._validator is None:
             self._validator = Validator(models, self.config)
-        results = self._validator(skip=self._resting())
+        results = self._validator(skip=self._resting(), step=step)
         if not results:
             log.warning("step %d validation: the %s split has no rows; nothing scored",
                         step, split)

@@ -54,3 +54,21 @@ def test_evaluate_tasks_per_task_and_overall_ignores_padding():
     binary = evaluate_tasks(lambda b: tf.constant(np.clip(preds / 5, 0, 1)), [batch],
                             BinaryHead("label"))
     assert "logloss" in binary.overall and "mae" not in binary.overall
+
+
+def test_the_auc_differences_standard_error_is_delongs_and_matches_the_bootstrap():
+    rng = np.random.default_rng(0)
+    labels = rng.random(600) < 0.25
+    a = rng.normal(size=600) + 0.8 * labels
+    b = a + rng.normal(scale=0.4, size=600)  # correlated with a, as two checkpoints are
+    se = metrics.auc_difference_se(labels, a, b)
+    draws = [rng.integers(0, 600, 600) for _ in range(1500)]
+    boot = np.std([metrics.auc(labels[i], a[i]) - metrics.auc(labels[i], b[i])
+                   for i in draws])
+    assert se == pytest.approx(boot, rel=0.1)
+    # the unpaired one is larger: pairing removes what the two share
+    unpaired = np.hypot(*(np.std([metrics.auc(labels[i], s[i]) for i in draws])
+                          for s in (a, b)))
+    assert se < 0.6 * unpaired
+    assert metrics.auc_difference_se(labels, a, a) == 0.0
+    assert np.isnan(metrics.auc_difference_se([1, 0, 0], [0.2, 0.1, 0.3], [0.1, 0.2, 0.3]))

@@ -17,7 +17,8 @@ from gmeta_tf.config import ConfigError, load_config
 from gmeta_tf.training.evaluation import fit_reference_predictors, row_batches
 from gmeta_tf.training.linear_start import start_from_linear
 from gmeta_tf.training.model_builder import build_models
-from tests.product.conftest import run_on_two_ranks, tiny_overrides
+from gmeta_tf.cli import main
+from tests.product.conftest import run_on_two_ranks, set_args, tiny_overrides
 
 START = ["meta.enabled=false", "model.start_from_linear=true",
          "model.tables.user.admit_after=1"]
@@ -56,6 +57,41 @@ def test_start_from_linear_is_refused_where_it_cannot_start_there(tiny_data, tmp
     with pytest.raises(ConfigError, match="model.start_from_linear") as err:
         load_config("default", tiny_overrides(tmp_path, tiny_data) + START + [override])
     assert expected in str(err.value)
+
+
+def test_a_linear_margin_needs_the_linear_start(tiny_data, tmp_path):
+    with pytest.raises(ConfigError, match=r"train.linear_margin' = 1.0 is not allowed: .*"
+                                          r"model.start_from_linear: true"):
+        load_config("default", tiny_overrides(tmp_path, tiny_data) + [
+            "meta.enabled=false", "train.linear_margin=1"])
+
+
+@pytest.mark.horovod
+def test_two_ranks_keep_the_linear_start_within_its_margin_and_after_a_resume(tiny_data,
+                                                                             tmp_path):
+    """At a margin no checkpoint can beat, the linear start stays the best checkpoint on
+    both ranks, before and after a resumed run (which reads its validation predictions
+    from beside the checkpoints), and gmeta eval scores it: the reference's own figures."""
+    from tests.multiprocess import run_ranks
+
+    overrides = tiny_overrides(tmp_path, tiny_data, steps=8) + START + [
+        "train.eval_batches=null", "train.linear_margin=1000"]
+    config = run_on_two_ranks(overrides, export=False)
+    assert Path(config.checkpoint_dir, "LINEAR_VALIDATION.npy").is_file()
+    more = [o for o in overrides if not o.startswith("train.steps=")] + ["train.steps=16"]
+    run_ranks("gmeta_tf.cli", "train", "--config", "default", "--resume", *set_args(more), np_=2,
+              timeout=600)
+    best = json.loads(Path(config.checkpoint_dir, "BEST.json").read_text())
+    assert [h["step"] for h in best["history"]] == [0, 4, 8, 12, 16]
+    later = [h["model"]["linear_margin"] for h in best["history"][1:]]
+    assert all(m > 0.01 for m in later), later  # 1000 standard errors of a real gap
+    assert best["best"]["model"]["step"] == 0
+    assert main(["eval", "--validation", *set_args(more)]) == 0
+    result = json.loads(Path(config.run_dir, "eval",
+                             f"{config.train.validation_split}.json").read_text())
+    rows = {r["name"]: r for r in result["rows"]}
+    assert rows["ctr model"]["auc"] == pytest.approx(
+        rows["reference: logistic regression"]["auc"], abs=1e-4)
 
 
 @pytest.mark.horovod

@@ -50,6 +50,24 @@ def test_selection_keeps_each_models_best_and_counts_patience_per_model(tmp_path
     assert lower.update(2, {"model": {"mae": 0.8}}) == ["model"]
 
 
+def test_a_linear_start_stays_best_until_beaten_by_its_margin():
+    """With ``train.linear_margin`` the validator reports, at every evaluation after the
+    linear start (step 0), how far it must be beaten (``linear_margin``); a checkpoint
+    inside that margin does not replace it, one beyond it does, and from then on the best
+    is beaten as usual."""
+    selection = Selection("auc")
+    assert selection.update(0, {"model": {"auc": 0.70}}) == ["model"]
+    assert selection.update(4, {"model": {"auc": 0.705, "linear_margin": 0.01}}) == []
+    assert selection.best["model"].step == 0
+    assert selection.update(8, {"model": {"auc": 0.715, "linear_margin": 0.01}}) == ["model"]
+    assert selection.update(12, {"model": {"auc": 0.716, "linear_margin": 0.01}}) == ["model"]
+    assert selection.best["model"].step == 12
+    lower = Selection("logloss")
+    lower.update(0, {"model": {"logloss": 0.50}})
+    assert lower.update(4, {"model": {"logloss": 0.495, "linear_margin": 0.01}}) == []
+    assert lower.update(8, {"model": {"logloss": 0.48, "linear_margin": 0.01}}) == ["model"]
+
+
 def test_a_resume_validating_under_another_protocol_chooses_anew(tmp_path, caplog):
     """Values averaged over 4 splits of each task's rows, or scored on another split, are
     not compared with the saved ones: the resumed run chooses its best checkpoints anew."""
