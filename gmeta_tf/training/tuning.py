@@ -41,7 +41,9 @@ rate, its batch size and its embedding width.
 
 The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train``,
 ``eval`` and ``export`` of that pipeline apply (below any ``--set``); every trial goes to
-``<run_dir>/tune/trials.json``.
+``<run_dir>/tune/trials.json``. Before any trial the pipeline's dataset is made (or the
+one there checked) and the config checked against it, as ``gmeta train`` does; a first
+trial (the pipeline's own settings) that fails stops the study with its error.
 """
 
 from __future__ import annotations
@@ -252,8 +254,8 @@ def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
                               stderr=subprocess.STDOUT, env=env).returncode
     best_file = trial_dir / "checkpoints" / "BEST.json"
     if code != 0 or not best_file.is_file():
-        tail = (trial_dir / "train.log").read_text(errors="replace")[-600:]
-        return {}, {}, f"failed (exit {code}): {tail}"
+        text = (trial_dir / "train.log").read_text(errors="replace")
+        return {}, {}, f"failed (exit {code}): {trial_errors(text) or text[-600:]}"
     best = json.loads(best_file.read_text())["best"]
     values = {n: float(b["value"]) for n, b in best.items()}
     steps = {n: int(b["step"]) for n, b in best.items()}
@@ -311,6 +313,7 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
                     ", ".join(f"{n} ({r:g})" for n, r in sorted(differ.items())))
     for name, study in studies.items():
         study.enqueue_trial(pipeline_params(name if config.meta.enabled else "ctr", config))
+    check_data(config, np_)
     root = Path(config.run_dir) / "tune"
     root.mkdir(parents=True, exist_ok=True)
     results: list[TrialResult] = []
@@ -331,6 +334,10 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         log.info("trial %d: %s validation %s %s", number + 1, status, metric,
                  {n: round(v, 4) for n, v in values.items()})
         _write_trials(root / "trials.json", metric, results)
+        if number == 0 and not values:
+            raise ConfigError(f"gmeta tune: the first trial, the pipeline's own settings, "
+                              f"{status} (its log: {root / 'trial-0' / 'train.log'}); a "
+                              f"pipeline must train as it is before it is tuned")
     maximize = direction == "maximize"
     ranked = {}
     for name, study in studies.items():
@@ -357,6 +364,28 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
                "split": config.train.validation_split, "world_size": np_}
     write_tuned(config, summary)
     return summary
+
+
+def check_data(config: PipelineConfig, np_: int) -> None:
+    """Makes the pipeline's dataset (or checks the one there) and checks the config against
+    it, as ``gmeta train`` does, once before any trial: a dataset that does not fit stops
+    the study with its own message instead of failing every trial."""
+    from gmeta_tf.training.config_check import check_against_dataset
+    from gmeta_tf.training.dataset_prep import prepare_dataset
+
+    manifest = prepare_dataset(config, world_size=np_)
+    check_against_dataset(config, manifest, training=True, eval_split=False)
+
+
+def trial_errors(log_text: str) -> str:
+    """The ``gmeta: error:`` messages of a failed trial's log (every rank's), each once, in
+    order; empty when it has none (a crash: its log's tail says more)."""
+    found = []
+    for line in log_text.splitlines():
+        message = line.partition("gmeta: error: ")[2].strip()
+        if message and message not in found:
+            found.append(message)
+    return "; ".join(found)
 
 
 def _mean(values: list[float], maximize: bool) -> float:

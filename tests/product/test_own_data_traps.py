@@ -292,3 +292,26 @@ def test_a_table_naming_a_column_the_data_lacks_says_how_to_fit_the_config(train
     assert "config key 'model.dense_features.runtime' = 1 is not allowed" in err
     assert "gmeta data csv --rename" in err and "pipelines/ratings.yaml" in err
     assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+
+
+def test_tune_stops_before_its_trials_on_a_pipeline_that_cannot_train(trained, capsys):
+    """``gmeta tune`` checks the dataset as ``gmeta train`` does before any trial, and a
+    first trial (the pipeline's own settings) that fails stops the study with the trial's
+    own error: a copied pipeline used to fail every trial and point at their logs."""
+    run_dir, data_dir = trained
+    sets = _sets(run_dir, data_dir, 4, "train.eval_every=4", "data.source=dataset",
+                 "data.rows_per_block=7")
+    assert main(["tune", "--trials", "3", *sets]) == 2
+    err = capsys.readouterr().err
+    assert "the config asks for data.rows_per_block = 7" in err, err
+    assert not (run_dir / "tune").exists()
+    # a key naming a feature the dataset lacks fails in the trial (where the model is
+    # built): the study stops after it, with its message
+    sets = _sets(run_dir, data_dir, 4, "train.eval_every=4",
+                 "model.tables.movie={features: [movieId]}")
+    assert main(["tune", "--trials", "3", *sets]) == 2
+    err = capsys.readouterr().err
+    assert "the first trial, the pipeline's own settings, failed (exit" in err, err
+    assert "config key 'model.tables.movie.features' names 'movieId'" in err, err
+    assert sorted(p.name for p in (run_dir / "tune").iterdir()) == ["trial-0", "trials.json"]
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
