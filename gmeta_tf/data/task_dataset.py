@@ -66,6 +66,7 @@ class TaskDataset:
         self.features = self._select(features)
         self.reader: ColumnReader = make_reader(reader, self.manifest.file_format)
         self.num_parallel_reads = max(1, num_parallel_reads)
+        self._last_skips: dict[str, int] = {}  # the counts logged last (see _log_skips)
         entries = self.manifest.files_of(split)
         if not entries:
             raise DataError(f"split {split!r} has no files", file=path)
@@ -176,12 +177,18 @@ class TaskDataset:
                                 f"{limit} every rank must take (tasks were skipped?)", file=self.path)
 
     def _log_skips(self, batcher: TaskBatcher | RowBatcher, epoch: int) -> None:
-        for what, n in sorted(batcher.skipped.items()):
-            if n:
-                level = logging.WARNING if what.startswith("skipped") else logging.INFO
-                log.log(level, "%s rank %d epoch %d: %s: %d", self.path, self.rank, epoch,
-                            what.replace("_", " "), n)
+        """Logs an epoch's skipped tasks and rows and the rows cut to the batch's slots,
+        only when they differ from the last epoch logged: a long task's rows beyond its
+        slots are cut alike every epoch, and the same line each epoch hid the rest."""
+        counts = {what: n for what, n in batcher.skipped.items() if n}
         batcher.skipped.clear()
+        if counts == self._last_skips:
+            return
+        self._last_skips = counts
+        for what, n in sorted(counts.items()):
+            level = logging.WARNING if what.startswith("skipped") else logging.INFO
+            log.log(level, "%s rank %d epoch %d: %s: %d (logged again when it changes)",
+                    self.path, self.rank, epoch, what.replace("_", " "), n)
 
     # -- public tf.data views ------------------------------------------------------------
 

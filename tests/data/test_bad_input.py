@@ -137,6 +137,16 @@ def test_task_too_short_for_support_plus_query(parquet_dataset, caplog):
     assert f"skipped short tasks: {300 - kept}" in caplog.text
 
 
+def test_rows_cut_alike_every_epoch_are_logged_once(parquet_dataset, caplog):
+    """A task's rows beyond its slots are cut the same way every epoch: the count is
+    logged for the first epoch, not again until it changes."""
+    with caplog.at_level(logging.INFO, logger="gmeta_tf.data.task_dataset"):
+        kept = consume(parquet_dataset, support=4, query=5, epochs=3)
+    assert kept == 3 * 300
+    lines = [r.getMessage() for r in caplog.records if "rows cut beyond slots" in r.getMessage()]
+    assert len(lines) == 1 and " epoch 0: " in lines[0], lines
+
+
 def write_csv(path, lines):
     path.write_text("\n".join(["user_id,item_id,label"] + lines) + "\n")
     return path
