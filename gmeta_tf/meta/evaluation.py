@@ -178,7 +178,8 @@ def report_from_rows(task_ids: np.ndarray, predictions: np.ndarray, labels: np.n
 def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
                            fast_weights: tuple[str, ...] = (),
                            adapted_embeddings: tuple[str, ...] = (),
-                           ridge: float = 0.0, blended: bool = True) -> PredictFn:
+                           ridge: float = 0.0, blended: bool = True,
+                           kept: bool = False) -> PredictFn:
     """The non-meta baseline's predict function: fine-tune on each task's support set.
 
     ``steps`` SGD steps at ``learning_rate`` on the support rows of each task (all tasks
@@ -189,7 +190,9 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
     label prior's factors and the bias at its fold-in strength, ``initial_ridge``); the
     query rows are scored, blended with the label prior's fold-in at the tower's
     ``prior_blend`` (``blended``, as the meta model's are). ``steps=0`` scores without
-    fine-tuning. The model itself is not changed.
+    fine-tuning. The model itself is not changed. ``kept``: 1 per query row of a task
+    whose fine-tuning was kept, 0 where it diverged and was undone, in place of the
+    predictions (``task_adapter.adapted_outputs``).
     """
     strengths = initial_ridge(model.tower, ridge) if ridge else None
     adapter = TaskAdapter(model.tower, model.head,
@@ -198,8 +201,9 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
     rates = {n: tf.constant(float(learning_rate)) for n in adapter.fast_names}
 
     def predict(batch):
-        return model.head.predict(adapted_outputs(model.embedding, adapter, batch, rates,
-                                                  blended=blended))
+        outputs = adapted_outputs(model.embedding, adapter, batch, rates, blended=blended,
+                                  kept=kept)
+        return outputs if kept else model.head.predict(outputs)
 
     return traced_once(predict)
 

@@ -298,18 +298,20 @@ class MetaModel(tf.keras.Model):
     # -- evaluation and serving --------------------------------------------------------
 
     def adapted_outputs(self, batch: TaskBatch, steps: int | None = None,
-                        blended: bool = True) -> tf.Tensor:
+                        blended: bool = True, kept: bool = False) -> tf.Tensor:
         """Raw tower outputs ``[T, Q]`` on the query rows after adapting on the support rows.
 
         Embeddings are read without inserting (unknown ids read zero rows); nothing of the
         model changes. ``steps`` overrides k (0: no adaptation). ``blended``: with the
-        prior's fold-in, at the tower's ``prior_blend`` (``task_adapter.adapted_outputs``).
+        prior's fold-in, at the tower's ``prior_blend``; ``kept``: in place of the outputs,
+        1 where a task's adaptation was kept, 0 where it diverged and was undone
+        (``task_adapter.adapted_outputs``).
         """
         adapter = self.adapter if steps is None else TaskAdapter(
             self.tower, self.head, self.adapter.tower_fast, self.config.adapt_embeddings, steps,
             self.ridge_strengths)
         return adapted_outputs(self.embedding, adapter, batch, self.inner_learning_rates(),
-                               self.rates_per_step, blended)
+                               self.rates_per_step, blended, kept)
 
     def adapted_predictions(self, batch: TaskBatch, steps: int | None = None,
                             blended: bool = True) -> tf.Tensor:

@@ -253,7 +253,8 @@ class TaskAdapter:
 def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
                     batch: Mapping[str, Mapping[str, tf.Tensor]],
                     learning_rates: Mapping[str, tf.Tensor],
-                    rates_per_step: bool = False, blended: bool = True) -> tf.Tensor:
+                    rates_per_step: bool = False, blended: bool = True,
+                    kept: bool = False) -> tf.Tensor:
     """Raw outputs ``[T, Q]`` on the query rows after adapting on the support rows.
 
     Evaluation and serving: embeddings are read without inserting (unknown ids read zero
@@ -263,6 +264,13 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
     (``Tower.prior_blend``, chosen on validation): ``b * adapted + (1 - b) * fold-in``;
     ``blended=False`` gives the adapted outputs alone. Without steps (no adaptation) the
     support rows are not read and nothing is blended.
+
+    A task whose adaptation diverged (its support loss after the steps, or one of its
+    outputs, not finite: e.g. fine-tuning at too high a rate on a user unlike those the
+    rate was chosen on) gets its unadapted outputs instead, so no task is scored or served
+    a NaN; where every task's are finite the outputs are unchanged. ``kept=True`` returns,
+    in place of the outputs, 1 for every query row of a task whose adaptation was kept and
+    0 for one whose was undone (what the evaluation reports).
     """
     adapted_embeddings = [n[len(EMBEDDING_PREFIX):] for n in adapter.embedding_fast]
     support, query, num_pairs = role_batches(embedding, adapter.tower, adapter.head.label, batch,
@@ -272,8 +280,14 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
     adapted, _ = adapter.adapt(params, fast, support, learning_rates, first_order=True,
                                rates_per_step=rates_per_step)
     outputs = adapter.outputs(params, adapted, query)
+    if not adapter.steps:
+        return tf.ones_like(outputs) if kept else outputs
     blend = adapter.tower.prior_blend
-    if not (blended and adapter.steps and blend is not None):
-        return outputs
-    return blend * outputs + (1.0 - blend) * fold_in_outputs(adapter.tower, adapter.head,
-                                                              support, query)
+    if blended and blend is not None:
+        outputs = blend * outputs + (1.0 - blend) * fold_in_outputs(adapter.tower, adapter.head,
+                                                                    support, query)
+    finite = (tf.math.is_finite(adapter.task_losses(params, adapted, support))
+              & tf.reduce_all(tf.math.is_finite(outputs), axis=-1))            # [T]
+    if kept:
+        return tf.broadcast_to(tf.cast(finite, outputs.dtype)[:, None], tf.shape(outputs))
+    return tf.where(finite[:, None], outputs, adapter.outputs(params, fast, query))

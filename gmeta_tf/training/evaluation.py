@@ -17,6 +17,7 @@ scored only by ``gmeta eval``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Mapping
@@ -35,6 +36,8 @@ from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.references import ReferenceData, fit_references
+
+log = logging.getLogger(__name__)
 
 PredictFn = Callable[[Mapping], tf.Tensor]
 #: Metrics where higher is better (the others: lower is better).
@@ -82,10 +85,13 @@ def row_batches(config: PipelineConfig, split: str | None, path: str | None = No
 
 # ---- predict functions -------------------------------------------------------------------
 
-def meta_predict(model: MetaModel, steps: int | None = None, blended: bool = True
-                 ) -> PredictFn:
+def meta_predict(model: MetaModel, steps: int | None = None, blended: bool = True,
+                 kept: bool = False) -> PredictFn:
     """The meta model adapted with its inner loop (``steps`` overrides k; 0: none);
-    ``blended``: with the label prior's fold-in (``adapted_outputs``)."""
+    ``blended``: with the label prior's fold-in; ``kept``: 1 per query row of a task whose
+    adaptation was kept, 0 where it diverged and was undone (``adapted_outputs``)."""
+    if kept:
+        return traced_once(lambda batch: model.adapted_outputs(batch, steps, kept=True))
     return traced_once(lambda batch: model.adapted_predictions(batch, steps, blended))
 
 
@@ -97,15 +103,16 @@ def baseline_steps(config: PipelineConfig) -> int:
 
 
 def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,
-                      steps: int | None = None, blended: bool = True) -> PredictFn:
+                      steps: int | None = None, blended: bool = True,
+                      kept: bool = False) -> PredictFn:
     """The baseline fine-tuned on each task's support rows exactly as the meta model
     adapts: same code, same fast weights, same adapted embedding rows, blended with the
     label prior's fold-in the same way (``blended``); ``steps`` SGD steps (default
-    ``baseline_steps``) at ``eval.baseline_lr``."""
+    ``baseline_steps``) at ``eval.baseline_lr``; ``kept`` as ``meta_predict``'s."""
     steps = baseline_steps(config) if steps is None else steps
     return fine_tuned_predictions(model, steps, config.eval.baseline_lr,
                                   config.meta.fast_weights, config.meta.adapt_embeddings,
-                                  baseline_ridge(config), blended)
+                                  baseline_ridge(config), blended, kept)
 
 
 def adaptation_steps(config: PipelineConfig, name: str) -> int:
@@ -605,12 +612,25 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
 
     def adapted(title: str, short: str, model, name: str, predict_of) -> None:
         """The row of a model adapted per task (``title`` names its blend, when blended
-        with the prior's fold-in) and then, unless the blend is 1, the row of its
-        predictions unblended."""
+        with the prior's fold-in, and the tasks whose adaptation diverged and was undone)
+        and then, unless the blend is 1, the row of its predictions unblended."""
         blend = (float(model.tower.prior_blend.numpy()) if tasks and blends(model, config, name)
                  else None)
-        rows.append(ComparedRow(title + ("" if blend is None else f", blend {blend:.2f}") + ")",
-                                *scored(predict_of(True)), blend=blend))
+        title += "" if blend is None else f", blend {blend:.2f}"
+        if tasks:
+            kept = score_tasks(predict_of(True, kept=True), batches(), labels)
+            undone = np.unique(kept.task_id[kept.prediction < 0.5])
+        else:
+            undone = []
+        if len(undone):
+            total = len(np.unique(kept.task_id))
+            title += f"; undone on {len(undone)} of {total} tasks"
+            log.warning("%s: the adaptation diverged (support loss or outputs not finite) "
+                        "and was undone on %d of %d tasks, which are scored unadapted: "
+                        "tasks %s", short, len(undone), total,
+                        ", ".join(str(int(t)) for t in undone[:20])
+                        + (", ..." if len(undone) > 20 else ""))
+        rows.append(ComparedRow(title + ")", *scored(predict_of(True)), blend=blend))
         if blend is not None and blend != 1.0:
             rows.append(ComparedRow(f"{short}, not blended with the fold-in",
                                     *scored(predict_of(False))))
@@ -619,7 +639,8 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         ridge = " + ridge" if config.meta.ridge else ""
         adapted(f"meta ({config.meta.algorithm}, adapted k={adaptation_steps(config, 'model')}"
                 f"{ridge}", "meta", models.model, "model",
-                lambda blended: meta_predict(models.model, e.adapt_steps, blended))
+                lambda blended, kept=False: meta_predict(models.model, e.adapt_steps, blended,
+                                                         kept))
         rows.append(ComparedRow("meta, no adaptation", *scored(meta_predict(models.model, 0))))
     else:
         rows.append(ComparedRow("ctr model", *scored(row_predict(models.model))))
@@ -628,7 +649,8 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         ridge = f", ridge {strength:g}" if strength else ""
         adapted(f"baseline fine-tuned (k={baseline_steps(config)}{ridge}", "baseline",
                 models.baseline, "baseline",
-                lambda blended: fine_tune_predict(models.baseline, config, blended=blended))
+                lambda blended, kept=False: fine_tune_predict(models.baseline, config,
+                                                              blended=blended, kept=kept))
         rows.append(ComparedRow("baseline, no fine-tuning",
                                 *scored(fine_tune_predict(models.baseline, config, 0))))
     if references is not None:

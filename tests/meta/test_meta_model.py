@@ -351,3 +351,28 @@ def test_meta_and_baseline_train_and_evaluate_on_movielens(shared_data, tmp_path
     baseline.fit(warm.map(task_rows), epochs=1, verbose=0)
     tuned = baseline_report()
     assert tuned["tasks"] == 32 and tuned["mae"] < untuned["mae"] - 0.01, (untuned, tuned)
+
+
+@pytest.mark.parametrize("ridge", [0.0, 0.5])
+def test_a_task_whose_adaptation_diverges_is_scored_unadapted(ridge):
+    """One task's fine-tuning blows up (its support ratings far beyond the head's range):
+    that task gets its unadapted predictions, finite, and is marked undone; the other
+    tasks' predictions are those of a batch without it."""
+    model = tiny.model(MetaConfig())
+    baseline = CTRModel(model.embedding, model.tower, model.head)
+    batch = tiny.tasks(4, seed=3)
+    model.meta_gradients(batch)  # insert the ids
+    poisoned = {**batch, "support": {**batch["support"],
+                                     "rating": batch["support"]["rating"].copy()}}
+    poisoned["support"]["rating"][1] *= 1e30
+    adapted = fine_tuned_predictions(baseline, 3, 0.5, ridge=ridge)
+    got = adapted(poisoned).numpy()
+    assert np.isfinite(got).all()
+    unadapted = fine_tuned_predictions(baseline, 0, 0.5)(poisoned).numpy()
+    np.testing.assert_array_equal(got[1], unadapted[1])
+    clean = adapted(batch).numpy()
+    np.testing.assert_allclose(got[[0, 2, 3]], clean[[0, 2, 3]], rtol=1e-6)
+    assert not np.allclose(clean[1], unadapted[1])  # the clean task 1 was adapted
+    kept = fine_tuned_predictions(baseline, 3, 0.5, ridge=ridge, kept=True)
+    np.testing.assert_array_equal(kept(poisoned).numpy()[:, 0], [1.0, 0.0, 1.0, 1.0])
+    np.testing.assert_array_equal(kept(batch).numpy(), np.ones_like(clean))
