@@ -265,20 +265,22 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
     ``blended=False`` gives the adapted outputs alone. Without steps (no adaptation) the
     support rows are not read and nothing is blended.
 
-    A task whose adaptation diverged (its support loss after the steps, or one of its
-    outputs, not finite: e.g. fine-tuning at too high a rate on a user unlike those the
-    rate was chosen on) gets its unadapted outputs instead, so no task is scored or served
-    a NaN; where every task's are finite the outputs are unchanged. ``kept=True`` returns,
-    in place of the outputs, 1 for every query row of a task whose adaptation was kept and
-    0 for one whose was undone (what the evaluation reports).
+    A task whose adaptation diverged gets its unadapted outputs instead: one whose support
+    loss after the steps is higher than before them or not finite, or one of whose
+    outputs is not finite (e.g. fine-tuning at a rate chosen on validation users that
+    blows up on a user unlike them). Adaptation is kept only where it fits the task's own
+    support rows at least as well as the unadapted weights, so no task is scored or
+    served a NaN or a blown-up score; every other task's outputs are unchanged.
+    ``kept=True`` returns, in place of the outputs, 1 for every query row of a task whose
+    adaptation was kept and 0 for one whose was undone (what the evaluation reports).
     """
     adapted_embeddings = [n[len(EMBEDDING_PREFIX):] for n in adapter.embedding_fast]
     support, query, num_pairs = role_batches(embedding, adapter.tower, adapter.head.label, batch,
                                              False, adapted_embeddings)
     params = adapter.tower.params()
     fast = adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
-    adapted, _ = adapter.adapt(params, fast, support, learning_rates, first_order=True,
-                               rates_per_step=rates_per_step)
+    adapted, before = adapter.adapt(params, fast, support, learning_rates, first_order=True,
+                                    rates_per_step=rates_per_step)
     outputs = adapter.outputs(params, adapted, query)
     if not adapter.steps:
         return tf.ones_like(outputs) if kept else outputs
@@ -286,7 +288,8 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
     if blended and blend is not None:
         outputs = blend * outputs + (1.0 - blend) * fold_in_outputs(adapter.tower, adapter.head,
                                                                     support, query)
-    finite = (tf.math.is_finite(adapter.task_losses(params, adapted, support))
+    after = adapter.task_losses(params, adapted, support)
+    finite = (tf.math.is_finite(after) & (after <= before)
               & tf.reduce_all(tf.math.is_finite(outputs), axis=-1))            # [T]
     if kept:
         return tf.broadcast_to(tf.cast(finite, outputs.dtype)[:, None], tf.shape(outputs))

@@ -625,8 +625,9 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         if len(undone):
             total = len(np.unique(kept.task_id))
             title += f"; undone on {len(undone)} of {total} tasks"
-            log.warning("%s: the adaptation diverged (support loss or outputs not finite) "
-                        "and was undone on %d of %d tasks, which are scored unadapted: "
+            log.warning("%s: the adaptation diverged (its support loss rose, or it or an "
+                        "output was not finite) and was undone on %d of %d tasks, which are "
+                        "scored unadapted: "
                         "tasks %s", short, len(undone), total,
                         ", ".join(str(int(t)) for t in undone[:20])
                         + (", ..." if len(undone) > 20 else ""))
