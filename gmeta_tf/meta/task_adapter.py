@@ -250,6 +250,12 @@ class TaskAdapter:
         return fast, initial_losses
 
 
+#: A task's adaptation has diverged when it leaves the task's own support loss more than
+#: this many times what it was before the steps (a blow-up; a meta-learned step may raise
+#: it a little, and is kept).
+DIVERGED_LOSS_RATIO = 2.0
+
+
 def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
                     batch: Mapping[str, Mapping[str, tf.Tensor]],
                     learning_rates: Mapping[str, tf.Tensor],
@@ -266,11 +272,10 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
     support rows are not read and nothing is blended.
 
     A task whose adaptation diverged gets its unadapted outputs instead: one whose support
-    loss after the steps is higher than before them or not finite, or one of whose
-    outputs is not finite (e.g. fine-tuning at a rate chosen on validation users that
-    blows up on a user unlike them). Adaptation is kept only where it fits the task's own
-    support rows at least as well as the unadapted weights, so no task is scored or
-    served a NaN or a blown-up score; every other task's outputs are unchanged.
+    loss after the steps is more than ``DIVERGED_LOSS_RATIO`` times what it was before
+    them or not finite, or one of whose outputs is not finite (e.g. fine-tuning at a rate
+    chosen on validation users that blows up on a user unlike them), so no task is scored
+    or served a NaN or a blown-up score; every other task's outputs are unchanged.
     ``kept=True`` returns, in place of the outputs, 1 for every query row of a task whose
     adaptation was kept and 0 for one whose was undone (what the evaluation reports).
     """
@@ -289,7 +294,7 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
         outputs = blend * outputs + (1.0 - blend) * fold_in_outputs(adapter.tower, adapter.head,
                                                                     support, query)
     after = adapter.task_losses(params, adapted, support)
-    finite = (tf.math.is_finite(after) & (after <= before)
+    finite = (tf.math.is_finite(after) & (after <= DIVERGED_LOSS_RATIO * before)
               & tf.reduce_all(tf.math.is_finite(outputs), axis=-1))            # [T]
     if kept:
         return tf.broadcast_to(tf.cast(finite, outputs.dtype)[:, None], tf.shape(outputs))

@@ -27,6 +27,7 @@ from gmeta_tf.machine import machine
 from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.evaluation import (by_support_size, comparison, comparison_dict,
                                          format_by_support_size, format_gaps, format_table,
+                                         format_undone,
                                          paired_against_first)
 from gmeta_tf.training.model_builder import Models, build_models, set_configured_blend
 from gmeta_tf.training.selection import best_checkpoints
@@ -177,7 +178,8 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         file = out_dir / f"{name}.json"
         write_text_atomically(file, json.dumps(result, indent=1))
         result["table"] = "\n\n".join(t for t in (
-            format_table(rows, columns), format_gaps(compared[0].name, paired, columns),
+            format_table(rows, columns), format_undone(rows),
+            format_gaps(compared[0].name, paired, columns),
             format_by_support_size(bands, columns)) if t)
         result["file"] = str(file)
         results.append(result)

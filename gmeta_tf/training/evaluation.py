@@ -33,6 +33,7 @@ from gmeta_tf.meta import EvaluationReport, MetaModel, fine_tuned_predictions
 from gmeta_tf.meta import metrics
 from gmeta_tf.meta.evaluation import fold_in_predictions, report_from_rows, traced_once
 from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
+from gmeta_tf.meta.task_adapter import DIVERGED_LOSS_RATIO
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.references import ReferenceData, fit_references
@@ -481,6 +482,8 @@ class ComparedRow:
     report: EvaluationReport
     scored: ScoredRows
     blend: float | None = None
+    #: Tasks whose adaptation diverged and was undone (scored unadapted; ``adapted_outputs``).
+    undone: tuple[int, ...] = ()
 
 
 def paired_against_first(rows: list[ComparedRow], kind: str, k: int, per_task: bool,
@@ -612,29 +615,22 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
 
     def adapted(title: str, short: str, model, name: str, predict_of) -> None:
         """The row of a model adapted per task (``title`` names its blend, when blended
-        with the prior's fold-in, and the tasks whose adaptation diverged and was undone)
-        and then, unless the blend is 1, the row of its predictions unblended."""
+        with the prior's fold-in) and then, unless the blend is 1, the row of its
+        predictions unblended; both carry the tasks whose adaptation diverged and was
+        undone."""
         blend = (float(model.tower.prior_blend.numpy()) if tasks and blends(model, config, name)
                  else None)
-        title += "" if blend is None else f", blend {blend:.2f}"
+        undone: tuple[int, ...] = ()
         if tasks:
             kept = score_tasks(predict_of(True, kept=True), batches(), labels)
-            undone = np.unique(kept.task_id[kept.prediction < 0.5])
-        else:
-            undone = []
-        if len(undone):
-            total = len(np.unique(kept.task_id))
-            title += f"; undone on {len(undone)} of {total} tasks"
-            log.warning("%s: the adaptation diverged (its support loss rose, or it or an "
-                        "output was not finite) and was undone on %d of %d tasks, which are "
-                        "scored unadapted: "
-                        "tasks %s", short, len(undone), total,
-                        ", ".join(str(int(t)) for t in undone[:20])
-                        + (", ..." if len(undone) > 20 else ""))
-        rows.append(ComparedRow(title + ")", *scored(predict_of(True)), blend=blend))
+            undone = tuple(int(t) for t in np.unique(kept.task_id[kept.prediction < 0.5]))
+        if undone:
+            log.warning("%s: %s", short, undone_text(undone, len(np.unique(kept.task_id))))
+        rows.append(ComparedRow(title + ("" if blend is None else f", blend {blend:.2f}") + ")",
+                                *scored(predict_of(True)), blend=blend, undone=undone))
         if blend is not None and blend != 1.0:
             rows.append(ComparedRow(f"{short}, not blended with the fold-in",
-                                    *scored(predict_of(False))))
+                                    *scored(predict_of(False)), undone=undone))
 
     if models.is_meta:
         ridge = " + ridge" if config.meta.ridge else ""
@@ -678,7 +674,22 @@ def comparison_dict(rows: list[ComparedRow]) -> list[dict]:
     """The comparison as JSON-ready dicts (``eval-<split>.json``); a blended row also
     carries its ``blend``."""
     return [{"name": r.name, **{k: _json_number(v) for k, v in r.report.overall.items()},
-             **({} if r.blend is None else {"blend": r.blend})} for r in rows]
+             **({} if r.blend is None else {"blend": r.blend}),
+             **({"undone_tasks": list(r.undone)} if r.undone else {})} for r in rows]
+
+
+def undone_text(undone: Collection[int], tasks: int) -> str:
+    """What a row's undone tasks mean, naming them (the first 20)."""
+    names = ", ".join(str(t) for t in list(undone)[:20]) + (", ..." if len(undone) > 20 else "")
+    return (f"the adaptation diverged (the support loss rose over {DIVERGED_LOSS_RATIO:g}-fold, "
+            f"or it or a score was not finite) and was undone on {len(undone)} of {tasks} tasks, scored unadapted as "
+            f"served: tasks {names}")
+
+
+def format_undone(rows: list[dict]) -> str:
+    """A line per row with undone tasks (``comparison_dict``'s ``undone_tasks``)."""
+    return "\n".join(f"{r['name']}: {undone_text(r['undone_tasks'], r.get('tasks') or 0)}"
+                     for r in rows if r.get("undone_tasks"))
 
 
 def _json_number(value):
