@@ -528,6 +528,12 @@ def apply_override(raw: dict, item: str) -> None:
     node[parts[-1]] = value
 
 
+def override_value(value: Any) -> str:
+    """``value`` as YAML on one line: the text after ``=`` in an override
+    (``apply_override``) or after ``:`` in a config that reads back as ``value``."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+
+
 def dump_config(config: PipelineConfig, path: str | os.PathLike) -> None:
     """Writes the resolved config as YAML (the run directory keeps a copy)."""
     write_text_atomically(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

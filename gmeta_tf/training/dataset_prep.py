@@ -17,7 +17,7 @@ import logging
 import os
 
 from gmeta_tf import data as meta_io
-from gmeta_tf.config import ConfigError, PipelineConfig
+from gmeta_tf.config import ConfigError, PipelineConfig, override_value
 from gmeta_tf.data import synthetic
 from gmeta_tf.data.converters.csv_mapping import recorded_mapping
 from gmeta_tf.data.converters.csv_mapping import source_record as csv_source_record
@@ -123,10 +123,6 @@ def _difference_text(key: str, have, want) -> str:
     return f"was split with {key} = {have!r}, the config asks for data.split.{key} = {want!r}"
 
 
-def _yaml_value(value) -> str:
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def _conversion_flags(differences: list[tuple]) -> str:
     """The ``gmeta data csv`` flags that would make a dataset with the config's values."""
     flags = []
@@ -175,7 +171,7 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False,
             differences = _layout_differences(config, manifest)
             flags = _conversion_flags(differences)
             keys = ", ".join(f"{_config_key(k)}: "
-                             f"{'null' if k == 'rows_per_block' else _yaml_value(h)}"
+                             f"{'null' if k == 'rows_per_block' else override_value(h)}"
                              for k, h, _ in differences)
             remedy = (f"; either convert it again with what the config asks (gmeta data csv "
                       f"... --overwrite {flags}), or give the config what the dataset has "

@@ -682,8 +682,8 @@ def undone_text(undone: Collection[int], tasks: int) -> str:
     """What a row's undone tasks mean, naming them (the first 20)."""
     names = ", ".join(str(t) for t in list(undone)[:20]) + (", ..." if len(undone) > 20 else "")
     return (f"the adaptation diverged (the support loss rose over {DIVERGED_LOSS_RATIO:g}-fold, "
-            f"or it or a score was not finite) and was undone on {len(undone)} of {tasks} tasks, scored unadapted as "
-            f"served: tasks {names}")
+            f"or it or a score was not finite) and was undone on {len(undone)} of {tasks} "
+            f"tasks, scored unadapted as served: tasks {names}")
 
 
 def format_undone(rows: list[dict]) -> str:

@@ -63,7 +63,8 @@ import yaml
 
 from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import (TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig,
-                             baseline_embedding_l2, load_config, ridge_applies)
+                             baseline_embedding_l2, load_config, override_value,
+                             ridge_applies)
 from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, baseline_ridge, selection_metric
 
 log = logging.getLogger(__name__)
@@ -234,10 +235,6 @@ def _train_command(config_arg: str, overrides: list[str], np_: int) -> list[str]
     return command
 
 
-def _yaml_value(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
-
-
 def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
               settings: dict[str, Any], np_: int, patience: int) -> tuple[dict, dict, str]:
     """Trains one trial as a child process; returns (values, best steps, status)."""
@@ -246,7 +243,7 @@ def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
     overrides = list(base_overrides) + [
         f"run_dir={trial_dir}", f"export.dir={trial_dir}/export",
         f"train.patience={patience}", "train.keep_checkpoints=1"]
-    overrides += [f"{k}={_yaml_value(v)}" for k, v in settings.items()]
+    overrides += [f"{k}={override_value(v)}" for k, v in settings.items()]
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     trial_dir.mkdir(parents=True)
     with open(trial_dir / "train.log", "w") as out:
