@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from gmeta_tf.graph_function import graph_function
 from gmeta_tf.meta import metrics
-from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, fold_in_outputs,
+from gmeta_tf.meta.task_adapter import (AdaptedQuery, TaskAdapter, adapted_query, fold_in_outputs,
                                         initial_ridge, resolve_fast_weights)
 from gmeta_tf.meta.task_batch import ROLES, RoleBatch
 from gmeta_tf.models.ctr_model import CTRModel
@@ -175,12 +175,22 @@ def report_from_rows(task_ids: np.ndarray, predictions: np.ndarray, labels: np.n
     return EvaluationReport(overall, per_task)
 
 
-def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
-                           fast_weights: tuple[str, ...] = (),
-                           adapted_embeddings: tuple[str, ...] = (),
-                           ridge: float = 0.0, blended: bool = True,
-                           kept: bool = False) -> PredictFn:
-    """The non-meta baseline's predict function: fine-tune on each task's support set.
+def query_predictions(head: Head, query: AdaptedQuery) -> dict[str, tf.Tensor]:
+    """An ``AdaptedQuery`` as predictions ``[T, Q]``: ``blended``, ``unblended``, and
+    ``kept``, 1 on every query row of a task whose adaptation was kept, 0 where it was
+    undone."""
+    kept = tf.broadcast_to(tf.cast(query.kept, tf.float32)[:, None], tf.shape(query.blended))
+    return {"blended": head.predict(query.blended), "unblended": head.predict(query.unblended),
+            "kept": kept}
+
+
+def fine_tuned_adaptation(model: CTRModel, steps: int, learning_rate: float,
+                          fast_weights: tuple[str, ...] = (),
+                          adapted_embeddings: tuple[str, ...] = (),
+                          ridge: float = 0.0) -> Callable[[Mapping], dict[str, tf.Tensor]]:
+    """The non-meta baseline fine-tuned on each task's support set, as every figure of it
+    one pass gives (``query_predictions``: blended with the label prior's fold-in and not,
+    and which tasks' fine-tuning was kept).
 
     ``steps`` SGD steps at ``learning_rate`` on the support rows of each task (all tasks
     batched, as the meta model's inner loop) adapt the tower weights ``fast_weights``
@@ -189,10 +199,9 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
     in closed form at that strength (``TaskAdapter.solve_output_layer``; the weights on a
     label prior's factors and the bias at its fold-in strength, ``initial_ridge``); the
     query rows are scored, blended with the label prior's fold-in at the tower's
-    ``prior_blend`` (``blended``, as the meta model's are). ``steps=0`` scores without
-    fine-tuning. The model itself is not changed. ``kept``: 1 per query row of a task
-    whose fine-tuning was kept, 0 where it diverged and was undone, in place of the
-    predictions (``task_adapter.adapted_outputs``).
+    ``prior_blend`` as the meta model's are. ``steps=0`` scores without fine-tuning. The
+    model itself is not changed; a task whose fine-tuning diverged is undone
+    (``task_adapter.adapted_query``).
     """
     strengths = initial_ridge(model.tower, ridge) if ridge else None
     adapter = TaskAdapter(model.tower, model.head,
@@ -201,11 +210,22 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
     rates = {n: tf.constant(float(learning_rate)) for n in adapter.fast_names}
 
     def predict(batch):
-        outputs = adapted_outputs(model.embedding, adapter, batch, rates, blended=blended,
-                                  kept=kept)
-        return outputs if kept else model.head.predict(outputs)
+        return query_predictions(model.head, adapted_query(model.embedding, adapter, batch,
+                                                           rates))
 
     return traced_once(predict)
+
+
+def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
+                           fast_weights: tuple[str, ...] = (),
+                           adapted_embeddings: tuple[str, ...] = (),
+                           ridge: float = 0.0, blended: bool = True) -> PredictFn:
+    """The non-meta baseline's predict function (``fine_tuned_adaptation``): predictions
+    ``[T, Q]`` blended with the label prior's fold-in (``blended``) or not."""
+    adaptation = fine_tuned_adaptation(model, steps, learning_rate, fast_weights,
+                                       adapted_embeddings, ridge)
+    name = "blended" if blended else "unblended"
+    return lambda batch: adaptation(batch)[name]
 
 
 def fold_in_predictions(tower: Tower, head: Head) -> PredictFn:

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from gmeta_tf import distributed
 from gmeta_tf.meta.meta_config import MetaConfig
-from gmeta_tf.meta.task_adapter import (TaskAdapter, adapted_outputs, resolve_fast_weights,
-                                        ridge_size)
+from gmeta_tf.meta.task_adapter import (AdaptedQuery, TaskAdapter, adapted_query,
+                                        resolve_fast_weights, ridge_size)
 from gmeta_tf.meta.task_batch import RoleBatch, role_batches
 from gmeta_tf.models.embedding_inputs import embedding_penalty
 from gmeta_tf.models.heads import Head
@@ -297,21 +297,26 @@ class MetaModel(tf.keras.Model):
 
     # -- evaluation and serving --------------------------------------------------------
 
-    def adapted_outputs(self, batch: TaskBatch, steps: int | None = None,
-                        blended: bool = True, kept: bool = False) -> tf.Tensor:
-        """Raw tower outputs ``[T, Q]`` on the query rows after adapting on the support rows.
+    def adapted_query(self, batch: TaskBatch, steps: int | None = None) -> AdaptedQuery:
+        """The query rows' raw outputs after adapting on the support rows, blended with the
+        prior's fold-in (at the tower's ``prior_blend``) and not, and which tasks'
+        adaptation was kept (``task_adapter.adapted_query``: a diverged one is undone).
 
         Embeddings are read without inserting (unknown ids read zero rows); nothing of the
-        model changes. ``steps`` overrides k (0: no adaptation). ``blended``: with the
-        prior's fold-in, at the tower's ``prior_blend``; ``kept``: in place of the outputs,
-        1 where a task's adaptation was kept, 0 where it diverged and was undone
-        (``task_adapter.adapted_outputs``).
+        model changes. ``steps`` overrides k (0: no adaptation).
         """
         adapter = self.adapter if steps is None else TaskAdapter(
             self.tower, self.head, self.adapter.tower_fast, self.config.adapt_embeddings, steps,
             self.ridge_strengths)
-        return adapted_outputs(self.embedding, adapter, batch, self.inner_learning_rates(),
-                               self.rates_per_step, blended, kept)
+        return adapted_query(self.embedding, adapter, batch, self.inner_learning_rates(),
+                             self.rates_per_step)
+
+    def adapted_outputs(self, batch: TaskBatch, steps: int | None = None,
+                        blended: bool = True) -> tf.Tensor:
+        """Raw tower outputs ``[T, Q]`` on the query rows after adapting on the support rows
+        (``adapted_query``), blended with the prior's fold-in or (``blended=False``) not."""
+        query = self.adapted_query(batch, steps)
+        return query.blended if blended else query.unblended
 
     def adapted_predictions(self, batch: TaskBatch, steps: int | None = None,
                             blended: bool = True) -> tf.Tensor:

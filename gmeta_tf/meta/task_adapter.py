@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -256,28 +256,44 @@ class TaskAdapter:
 DIVERGED_LOSS_RATIO = 2.0
 
 
-def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
-                    batch: Mapping[str, Mapping[str, tf.Tensor]],
-                    learning_rates: Mapping[str, tf.Tensor],
-                    rates_per_step: bool = False, blended: bool = True,
-                    kept: bool = False) -> tf.Tensor:
-    """Raw outputs ``[T, Q]`` on the query rows after adapting on the support rows.
+class AdaptedQuery(NamedTuple):
+    """What adapting a batch of tasks gives, from one pass of the inner loop.
+
+    Attributes:
+        blended: Raw outputs ``[T, Q]`` on the query rows, blended with the prior's
+            fold-in where the tower has a blend (else the adapted outputs).
+        unblended: The adapted outputs alone, ``[T, Q]``.
+        kept: ``[T]`` bool: False where the task's adaptation diverged and was undone
+            (its rows in both outputs are then the unadapted ones).
+    """
+
+    blended: tf.Tensor
+    unblended: tf.Tensor
+    kept: tf.Tensor
+
+
+def adapted_query(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
+                  batch: Mapping[str, Mapping[str, tf.Tensor]],
+                  learning_rates: Mapping[str, tf.Tensor],
+                  rates_per_step: bool = False) -> AdaptedQuery:
+    """The query rows' outputs after adapting on the support rows, blended and not, and
+    which tasks' adaptation was kept: one embedding call and one inner loop for all three.
 
     Evaluation and serving: embeddings are read without inserting (unknown ids read zero
     rows), the adaptation is first-order (no outer gradient) and nothing is updated.
     Under a label prior with factors, an adapted tower's outputs are blended with the
     factorisation's own fold-in (``fold_in_outputs``) at the tower's weight ``b``
-    (``Tower.prior_blend``, chosen on validation): ``b * adapted + (1 - b) * fold-in``;
-    ``blended=False`` gives the adapted outputs alone. Without steps (no adaptation) the
-    support rows are not read and nothing is blended.
+    (``Tower.prior_blend``, chosen on validation): ``b * adapted + (1 - b) * fold-in``.
+    Without steps (no adaptation) the support rows are not read and nothing is blended.
 
     A task whose adaptation diverged gets its unadapted outputs instead: one whose support
     loss after the steps is more than ``DIVERGED_LOSS_RATIO`` times what it was before
     them or not finite, or one of whose outputs is not finite (e.g. fine-tuning at a rate
     chosen on validation users that blows up on a user unlike them), so no task is scored
-    or served a NaN or a blown-up score; every other task's outputs are unchanged.
-    ``kept=True`` returns, in place of the outputs, 1 for every query row of a task whose
-    adaptation was kept and 0 for one whose was undone (what the evaluation reports).
+    or served a NaN or a blown-up score; every other task's outputs are unchanged. The
+    unadapted outputs are computed only when some task of the batch was undone (a
+    ``tf.cond``; the tower is applied to rows already embedded, so no rank waits on a
+    collective the others skip).
     """
     adapted_embeddings = [n[len(EMBEDDING_PREFIX):] for n in adapter.embedding_fast]
     support, query, num_pairs = role_batches(embedding, adapter.tower, adapter.head.label, batch,
@@ -288,14 +304,32 @@ def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
                                     rates_per_step=rates_per_step)
     outputs = adapter.outputs(params, adapted, query)
     if not adapter.steps:
-        return tf.ones_like(outputs) if kept else outputs
+        return AdaptedQuery(outputs, outputs, tf.ones_like(outputs[:, 0], tf.bool))
+    blended = outputs
     blend = adapter.tower.prior_blend
-    if blended and blend is not None:
-        outputs = blend * outputs + (1.0 - blend) * fold_in_outputs(adapter.tower, adapter.head,
-                                                                    support, query)
+    if blend is not None:
+        blended = blend * outputs + (1.0 - blend) * fold_in_outputs(adapter.tower, adapter.head,
+                                                                     support, query)
     after = adapter.task_losses(params, adapted, support)
-    finite = (tf.math.is_finite(after) & (after <= DIVERGED_LOSS_RATIO * before)
-              & tf.reduce_all(tf.math.is_finite(outputs), axis=-1))            # [T]
-    if kept:
-        return tf.broadcast_to(tf.cast(finite, outputs.dtype)[:, None], tf.shape(outputs))
-    return tf.where(finite[:, None], outputs, adapter.outputs(params, fast, query))
+    kept = (tf.math.is_finite(after) & (after <= DIVERGED_LOSS_RATIO * before)
+            & tf.reduce_all(tf.math.is_finite(outputs), axis=-1)
+            & tf.reduce_all(tf.math.is_finite(blended), axis=-1))                 # [T]
+
+    def undone():
+        unadapted = adapter.outputs(params, fast, query)
+        return (tf.where(kept[:, None], blended, unadapted),
+                tf.where(kept[:, None], outputs, unadapted))
+
+    blended, outputs = tf.cond(tf.reduce_all(kept), lambda: (blended, outputs), undone)
+    return AdaptedQuery(blended, outputs, kept)
+
+
+def adapted_outputs(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
+                    batch: Mapping[str, Mapping[str, tf.Tensor]],
+                    learning_rates: Mapping[str, tf.Tensor],
+                    rates_per_step: bool = False, blended: bool = True) -> tf.Tensor:
+    """Raw outputs ``[T, Q]`` on the query rows after adapting on the support rows
+    (``adapted_query``): blended with the prior's fold-in where the tower has a blend,
+    or with ``blended=False`` the adapted outputs alone."""
+    query = adapted_query(embedding, adapter, batch, learning_rates, rates_per_step)
+    return query.blended if blended else query.unblended

@@ -4,7 +4,7 @@ comparison of ``gmeta eval`` (one process), through one code path.
 Task data (a meta model, or any model evaluated on tasks): every task of a split is
 adapted on its support rows and scored on its query rows. The meta model adapts with its
 inner loop; the baseline is fine-tuned through the same inner-loop code
-(``fine_tuned_predictions``), on the same fast weights and adapted embedding rows, for
+(``fine_tuned_adaptation``), on the same fast weights and adapted embedding rows, for
 ``eval.baseline_steps`` steps (default: the meta model's k) at ``eval.baseline_lr``.
 
 Row data (a plain CTR model, ``meta.enabled: false``): every row of the split is scored.
@@ -29,7 +29,8 @@ from gmeta_tf import data as meta_io
 from gmeta_tf import distributed
 from gmeta_tf.atomic_file import write_atomically
 from gmeta_tf.config import PipelineConfig, configured_blend, tower_sparse_features
-from gmeta_tf.meta import EvaluationReport, MetaModel, fine_tuned_predictions
+from gmeta_tf.meta import (EvaluationReport, MetaModel, fine_tuned_adaptation,
+                           query_predictions)
 from gmeta_tf.meta import metrics
 from gmeta_tf.meta.evaluation import fold_in_predictions, report_from_rows, traced_once
 from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
@@ -41,6 +42,8 @@ from gmeta_tf.training.references import ReferenceData, fit_references
 log = logging.getLogger(__name__)
 
 PredictFn = Callable[[Mapping], tf.Tensor]
+#: A predict function with several outputs from one pass: name -> ``[T, Q]``.
+AdaptationFn = Callable[[Mapping], Mapping[str, tf.Tensor]]
 #: Metrics where higher is better (the others: lower is better).
 HIGHER_IS_BETTER = ("auc", "ndcg")
 
@@ -86,14 +89,17 @@ def row_batches(config: PipelineConfig, split: str | None, path: str | None = No
 
 # ---- predict functions -------------------------------------------------------------------
 
-def meta_predict(model: MetaModel, steps: int | None = None, blended: bool = True,
-                 kept: bool = False) -> PredictFn:
+def meta_predict(model: MetaModel, steps: int | None = None, blended: bool = True) -> PredictFn:
     """The meta model adapted with its inner loop (``steps`` overrides k; 0: none);
-    ``blended``: with the label prior's fold-in; ``kept``: 1 per query row of a task whose
-    adaptation was kept, 0 where it diverged and was undone (``adapted_outputs``)."""
-    if kept:
-        return traced_once(lambda batch: model.adapted_outputs(batch, steps, kept=True))
+    ``blended``: with the label prior's fold-in."""
     return traced_once(lambda batch: model.adapted_predictions(batch, steps, blended))
+
+
+def meta_adaptation(model: MetaModel, steps: int | None = None) -> AdaptationFn:
+    """``meta_predict``'s figures from one pass: predictions blended and not, and which
+    tasks' adaptation was kept (``query_predictions``)."""
+    return traced_once(lambda batch: query_predictions(model.head,
+                                                       model.adapted_query(batch, steps)))
 
 
 def baseline_steps(config: PipelineConfig) -> int:
@@ -103,17 +109,25 @@ def baseline_steps(config: PipelineConfig) -> int:
     return config.meta.inner_steps
 
 
-def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,
-                      steps: int | None = None, blended: bool = True,
-                      kept: bool = False) -> PredictFn:
+def fine_tune_adaptation(model: tf.keras.Model, config: PipelineConfig,
+                         steps: int | None = None) -> AdaptationFn:
     """The baseline fine-tuned on each task's support rows exactly as the meta model
     adapts: same code, same fast weights, same adapted embedding rows, blended with the
-    label prior's fold-in the same way (``blended``); ``steps`` SGD steps (default
-    ``baseline_steps``) at ``eval.baseline_lr``; ``kept`` as ``meta_predict``'s."""
+    label prior's fold-in the same way; ``steps`` SGD steps (default ``baseline_steps``)
+    at ``eval.baseline_lr``. Returns ``meta_adaptation``'s figures."""
     steps = baseline_steps(config) if steps is None else steps
-    return fine_tuned_predictions(model, steps, config.eval.baseline_lr,
-                                  config.meta.fast_weights, config.meta.adapt_embeddings,
-                                  baseline_ridge(config), blended, kept)
+    return fine_tuned_adaptation(model, steps, config.eval.baseline_lr,
+                                 config.meta.fast_weights, config.meta.adapt_embeddings,
+                                 baseline_ridge(config))
+
+
+def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,
+                      steps: int | None = None, blended: bool = True) -> PredictFn:
+    """``fine_tune_adaptation``'s predictions, blended with the fold-in (``blended``) or
+    not."""
+    adaptation = fine_tune_adaptation(model, config, steps)
+    name = "blended" if blended else "unblended"
+    return lambda batch: adaptation(batch)[name]
 
 
 def adaptation_steps(config: PipelineConfig, name: str) -> int:
@@ -217,19 +231,29 @@ def _labels(config: PipelineConfig, models: Models) -> tuple[str, str, str]:
 def score_tasks(predict: PredictFn, batches: Iterable[Mapping],
                 labels: tuple[str, str, str]) -> ScoredRows:
     """Every real query row of task batches, scored by ``predict`` ([T, Q])."""
+    return score_task_outputs(lambda batch: {"": predict(batch)}, batches, labels)[""]
+
+
+def score_task_outputs(predict: AdaptationFn, batches: Iterable[Mapping],
+                       labels: tuple[str, str, str]) -> dict[str, ScoredRows]:
+    """Every real query row of task batches, scored by each output of ``predict`` (name
+    -> [T, Q]; e.g. ``meta_adaptation``'s, all from one pass)."""
     label, binary, relevance = labels
-    parts = []
+    parts: dict[str, list[ScoredRows]] = {}
     for batch in batches:
-        p = np.asarray(predict(batch))
+        outputs = predict(batch)
         query = batch["query"]
         real = np.asarray(query["mask"]) > 0
         ids = np.broadcast_to(np.asarray(batch["task_id"])[:, None], real.shape)
         support = np.broadcast_to(
             (np.asarray(batch["support"]["mask"]) > 0).sum(axis=1)[:, None], real.shape)
-        parts.append(ScoredRows(ids[real], p[real], np.asarray(query[label])[real],
-                                np.asarray(query[binary])[real],
-                                np.asarray(query[relevance])[real], support[real]))
-    return ScoredRows.concat(parts)
+        rows = (ids[real], np.asarray(query[label])[real], np.asarray(query[binary])[real],
+                np.asarray(query[relevance])[real], support[real])
+        for name, p in outputs.items():
+            task_id, *rest = rows
+            parts.setdefault(name, []).append(
+                ScoredRows(task_id, np.asarray(p)[real], *rest))
+    return {name: ScoredRows.concat(p) for name, p in parts.items()}
 
 
 def score_rows(predict: PredictFn, batches: Iterable[Mapping],
@@ -613,31 +637,31 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
 
     rows = []
 
-    def adapted(title: str, short: str, model, name: str, predict_of) -> None:
+    def adapted(title: str, short: str, model, name: str, adaptation: AdaptationFn) -> None:
         """The row of a model adapted per task (``title`` names its blend, when blended
         with the prior's fold-in) and then, unless the blend is 1, the row of its
-        predictions unblended; both carry the tasks whose adaptation diverged and was
-        undone."""
+        predictions unblended, both from one pass of its adaptation; both carry the tasks
+        whose adaptation diverged and was undone."""
         blend = (float(model.tower.prior_blend.numpy()) if tasks and blends(model, config, name)
                  else None)
-        undone: tuple[int, ...] = ()
-        if tasks:
-            kept = score_tasks(predict_of(True, kept=True), batches(), labels)
-            undone = tuple(int(t) for t in np.unique(kept.task_id[kept.prediction < 0.5]))
+        scored_rows = score_task_outputs(adaptation, batches(), labels)
+        kept = scored_rows["kept"]
+        undone = tuple(int(t) for t in np.unique(kept.task_id[kept.prediction < 0.5]))
         if undone:
             log.warning("%s: %s", short, undone_text(undone, len(np.unique(kept.task_id))))
         rows.append(ComparedRow(title + ("" if blend is None else f", blend {blend:.2f}") + ")",
-                                *scored(predict_of(True)), blend=blend, undone=undone))
+                                report(scored_rows["blended"], kind, k, tasks),
+                                scored_rows["blended"], blend=blend, undone=undone))
         if blend is not None and blend != 1.0:
             rows.append(ComparedRow(f"{short}, not blended with the fold-in",
-                                    *scored(predict_of(False)), undone=undone))
+                                    report(scored_rows["unblended"], kind, k, tasks),
+                                    scored_rows["unblended"], undone=undone))
 
     if models.is_meta:
         ridge = " + ridge" if config.meta.ridge else ""
         adapted(f"meta ({config.meta.algorithm}, adapted k={adaptation_steps(config, 'model')}"
                 f"{ridge}", "meta", models.model, "model",
-                lambda blended, kept=False: meta_predict(models.model, e.adapt_steps, blended,
-                                                         kept))
+                meta_adaptation(models.model, e.adapt_steps))
         rows.append(ComparedRow("meta, no adaptation", *scored(meta_predict(models.model, 0))))
     else:
         rows.append(ComparedRow("ctr model", *scored(row_predict(models.model))))
@@ -645,9 +669,7 @@ def comparison(models: Models, config: PipelineConfig, split: str | None = None,
         strength = baseline_ridge(config)
         ridge = f", ridge {strength:g}" if strength else ""
         adapted(f"baseline fine-tuned (k={baseline_steps(config)}{ridge}", "baseline",
-                models.baseline, "baseline",
-                lambda blended, kept=False: fine_tune_predict(models.baseline, config,
-                                                              blended=blended, kept=kept))
+                models.baseline, "baseline", fine_tune_adaptation(models.baseline, config))
         rows.append(ComparedRow("baseline, no fine-tuning",
                                 *scored(fine_tune_predict(models.baseline, config, 0))))
     if references is not None:

@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from gmeta_tf import data
-from gmeta_tf.meta import MetaConfig, evaluate_tasks, fine_tuned_predictions, task_rows
+from gmeta_tf.meta import (MetaConfig, evaluate_tasks, fine_tuned_adaptation,
+                           fine_tuned_predictions, task_rows)
 from gmeta_tf.meta.evaluation import traced_once
 from gmeta_tf.models import CTRModel, MeLUTower
 from tests.meta import tiny
@@ -373,9 +374,12 @@ def test_a_task_whose_adaptation_diverges_is_scored_unadapted(ridge):
     clean = adapted(batch).numpy()
     np.testing.assert_allclose(got[[0, 2, 3]], clean[[0, 2, 3]], rtol=1e-6)
     assert not np.allclose(clean[1], unadapted[1])  # the clean task 1 was adapted
-    kept = fine_tuned_predictions(baseline, 3, 0.5, ridge=ridge, kept=True)
-    np.testing.assert_array_equal(kept(poisoned).numpy()[:, 0], [1.0, 0.0, 1.0, 1.0])
-    np.testing.assert_array_equal(kept(batch).numpy(), np.ones_like(clean))
+    adaptation = fine_tuned_adaptation(baseline, 3, 0.5, ridge=ridge)
+    figures = {k: v.numpy() for k, v in adaptation(poisoned).items()}
+    np.testing.assert_array_equal(figures["kept"][:, 0], [1.0, 0.0, 1.0, 1.0])
+    np.testing.assert_array_equal(figures["blended"], got)  # one pass: the same figures
+    np.testing.assert_array_equal(figures["unblended"][1], unadapted[1])
+    np.testing.assert_array_equal(adaptation(batch)["kept"].numpy(), np.ones_like(clean))
 
 
 def test_fine_tuning_that_blows_up_the_support_loss_is_undone():
@@ -389,6 +393,6 @@ def test_fine_tuning_that_blows_up_the_support_loss_is_undone():
     uphill = fine_tuned_predictions(baseline, 2, -20.0)(batch).numpy()
     assert np.isfinite(uphill).all()
     np.testing.assert_array_equal(uphill, fine_tuned_predictions(baseline, 0, 0.5)(batch).numpy())
-    kept = fine_tuned_predictions(baseline, 2, -20.0, kept=True)(batch).numpy()
+    kept = fine_tuned_adaptation(baseline, 2, -20.0)(batch)["kept"].numpy()
     assert (kept == 0).all()
-    assert (fine_tuned_predictions(baseline, 2, 0.05, kept=True)(batch).numpy() == 1).all()
+    assert (fine_tuned_adaptation(baseline, 2, 0.05)(batch)["kept"].numpy() == 1).all()
