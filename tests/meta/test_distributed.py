@@ -26,7 +26,7 @@ def two_ranks(tmp_path_factory):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", PYTHONPATH=str(PROJECT_ROOT))
     horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(PYTHON), "horovodrun")
     cmd = [horovodrun, "-np", "2", "-H", "localhost:2", PYTHON, "-m",
-           "tests.meta.meta_step_worker", str(out_dir), ",".join(ALGORITHMS + ("exchanges",))]
+           "tests.meta.meta_step_worker", str(out_dir), ",".join(ALGORITHMS + ("exchanges", "undone"))]
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -62,3 +62,29 @@ def test_one_exchange_each_way_per_meta_step_whatever_the_inner_steps(two_ranks,
         assert counts[f"k{inner_steps}:graph_alltoalls"] == 3
         assert counts[f"k{inner_steps}:alltoall_calls"] == 6        # 3 x (ids out, rows back)
         assert counts[f"k{inner_steps}:alltoall_grad_calls"] == 3   # 3 x row gradients back
+
+
+@pytest.mark.horovod
+def test_a_diverged_task_on_one_rank_is_undone_without_the_ranks_falling_out_of_step(
+        two_ranks, tmp_path):
+    """At 2 ranks, a batch with a diverging task on one rank's share only: that rank alone
+    computes the unadapted outputs (a ``tf.cond``) while the embedding reads stay
+    all-to-alls of both ranks. Both ranks finish, the diverged task is marked undone and
+    finite, and every figure equals one rank's on the whole batch."""
+    meta_step_worker.undone(str(tmp_path))  # one rank, every task, in this process
+    one = dict(np.load(tmp_path / "undone_rank0.npz"))
+    two = [dict(np.load(two_ranks / f"undone_rank{r}.npz")) for r in range(2)]
+    share = meta_step_worker.NUM_TASKS // 2
+    for key, value in one.items():
+        joined = np.concatenate([two[0][key], two[1][key]])
+        np.testing.assert_allclose(joined, value, rtol=2e-4, atol=2e-5, err_msg=key)
+        assert np.isfinite(joined).all(), key
+    for name in ("meta", "baseline"):
+        expected = np.ones(meta_step_worker.NUM_TASKS)
+        expected[1] = 0.0
+        np.testing.assert_array_equal(one[f"{name}0:kept"][:, 0], expected)
+        expected = np.ones(meta_step_worker.NUM_TASKS)
+        expected[-1] = 0.0
+        np.testing.assert_array_equal(one[f"{name}1:kept"][:, 0], expected)
+        assert two[1][f"{name}0:kept"].all() and two[0][f"{name}1:kept"].all()
+        assert not two[0][f"{name}0:kept"][1].any() and not two[1][f"{name}1:kept"][share - 1].any()
