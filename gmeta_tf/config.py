@@ -332,7 +332,11 @@ class EvalConfig:
     weights and adapted embedding rows, for ``baseline_steps`` SGD steps (default: the
     meta model's k) at ``baseline_lr``; then, with a ridge strength ``baseline_ridge``
     (default: ``meta.ridge``) above 0, its output layer is solved in closed form on them
-    as the meta model's is (``meta.ridge``), at that fixed strength.
+    as the meta model's is (``meta.ridge``), at that fixed strength. ``baseline_backtrack``:
+    a fine-tuning step that raises a task's support loss is taken back and that task's
+    later steps halved (a backtracking line search, so one hand-set rate never leaves a
+    task worse on its own support rows; the meta model's learned steps are kept as
+    trained).
     Reference predictors (``gmeta_tf.training.references``) are scored on the same rows;
     ``reference_feature`` is the feature whose mean label they use (default: MeLU's first
     item feature, else the tower's first sparse feature not adapted per task).
@@ -345,6 +349,7 @@ class EvalConfig:
     baseline_steps: int | None = field(None, min=0)
     baseline_lr: float = field(0.1, min_exclusive=0.0)
     baseline_ridge: float | None = field(None, min=0.0)
+    baseline_backtrack: bool = True
     ndcg_k: int = field(3, min=1)
     binary_label: str | None = None
     relevance_label: str | None = None

@@ -187,7 +187,8 @@ def query_predictions(head: Head, query: AdaptedQuery) -> dict[str, tf.Tensor]:
 def fine_tuned_adaptation(model: CTRModel, steps: int, learning_rate: float,
                           fast_weights: tuple[str, ...] = (),
                           adapted_embeddings: tuple[str, ...] = (),
-                          ridge: float = 0.0) -> Callable[[Mapping], dict[str, tf.Tensor]]:
+                          ridge: float = 0.0, backtrack: bool = False
+                          ) -> Callable[[Mapping], dict[str, tf.Tensor]]:
     """The non-meta baseline fine-tuned on each task's support set, as every figure of it
     one pass gives (``query_predictions``: blended with the label prior's fold-in and not,
     and which tasks' fine-tuning was kept).
@@ -201,12 +202,13 @@ def fine_tuned_adaptation(model: CTRModel, steps: int, learning_rate: float,
     query rows are scored, blended with the label prior's fold-in at the tower's
     ``prior_blend`` as the meta model's are. ``steps=0`` scores without fine-tuning. The
     model itself is not changed; a task whose fine-tuning diverged is undone
-    (``task_adapter.adapted_query``).
+    (``task_adapter.adapted_query``). ``backtrack``: a step that raises a task's support
+    loss is taken back and its later steps halved (``TaskAdapter``).
     """
     strengths = initial_ridge(model.tower, ridge) if ridge else None
     adapter = TaskAdapter(model.tower, model.head,
                           resolve_fast_weights(model.tower, fast_weights), adapted_embeddings,
-                          steps, strengths)
+                          steps, strengths, backtrack)
     rates = {n: tf.constant(float(learning_rate)) for n in adapter.fast_names}
 
     def predict(batch):

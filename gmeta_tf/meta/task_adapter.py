@@ -124,11 +124,15 @@ class TaskAdapter:
         ridge: With a rating head, a function giving the ridge strengths ``[width + 1]``
             (the output kernel's, then its bias'): after the k steps the output layer is
             solved in closed form on the support rows (``solve_output_layer``). None: off.
+        backtrack: A step that raises a task's support loss is taken back and that task's
+            steps are halved from then on (a backtracking line search per task, first-order
+            adaptation only): plain fine-tuning at one hand-set rate then never leaves a
+            task worse on its own support rows than it found it.
     """
 
     def __init__(self, tower: Tower, head: Head, fast_weights: Sequence[str],
                  adapted_embeddings: Sequence[str], steps: int,
-                 ridge: Callable[[], tf.Tensor] | None = None) -> None:
+                 ridge: Callable[[], tf.Tensor] | None = None, backtrack: bool = False) -> None:
         unknown = [f for f in adapted_embeddings if f not in tower.sparse_features]
         if unknown:
             raise ValueError(f"adapt_embeddings {unknown} are not sparse features of "
@@ -137,6 +141,7 @@ class TaskAdapter:
             raise ValueError(f"ridge adaptation needs a rating head (squared error) and a tower "
                              f"with an output layer; got {head!r} and {tower.name}")
         self.tower, self.head, self.steps, self.ridge = tower, head, steps, ridge
+        self.backtrack = backtrack
         self.tower_fast = tuple(fast_weights)
         self.embedding_fast = tuple(EMBEDDING_PREFIX + f for f in adapted_embeddings)
 
@@ -196,6 +201,35 @@ class TaskAdapter:
         layer = prior + ridge_fit(z, residual, support.mask, self.ridge())     # [T, d+1]
         return {**fast, kernel: layer[:, :-1, None], bias: layer[:, -1:]}
 
+    def _per_task(self, values: tf.Tensor, name: str, weight: tf.Tensor,
+                  support: RoleBatch) -> tf.Tensor:
+        """Per-task ``values [T]`` shaped to broadcast against fast weight ``name``: over
+        its task axis, or for an embedding offset ``[P, dim]`` over each (task, id) pair's
+        task (a pair read by no support row has no gradient: any task will do)."""
+        if not name.startswith(EMBEDDING_PREFIX):
+            return tf.reshape(values, tf.concat([tf.shape(values), tf.ones(
+                [tf.rank(weight) - 1], tf.int32)], 0))
+        pairs = support.pairs[name[len(EMBEDDING_PREFIX):]]                     # [T, S]
+        tasks = tf.broadcast_to(tf.range(tf.shape(pairs)[0])[:, None], tf.shape(pairs))
+        pair_task = tf.math.unsorted_segment_max(tf.reshape(tasks, [-1]), tf.reshape(pairs, [-1]),
+                                                 tf.shape(weight)[0])
+        return tf.gather(values, tf.maximum(pair_task, 0))[:, None]
+
+    def _back_off(self, fast: dict, losses: tf.Tensor, grads: list, scale: tf.Tensor,
+                  accepted: tuple, support: RoleBatch) -> tuple[dict, tf.Tensor, list, tf.Tensor]:
+        """Takes back the last step of every task whose support loss it raised (or made
+        not finite): its fast weights, loss and gradient return to its last accepted point
+        and its step scale halves."""
+        good_fast, good_losses, good_grads = accepted
+        rose = ~(losses <= good_losses)                                          # [T]
+        out = {}
+        for n, w in fast.items():
+            out[n] = tf.where(self._per_task(rose, n, w, support), good_fast[n], w)
+        grads = [tf.where(self._per_task(rose, n, g, support), gg, g)
+                 for n, g, gg in zip(fast, grads, good_grads)]
+        return (out, tf.where(rose, good_losses, losses), grads,
+                tf.where(rose, 0.5 * scale, scale))
+
     def task_losses(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
                     role: RoleBatch) -> tf.Tensor:
         """Each task's mean loss over its real rows, ``[T]``."""
@@ -219,8 +253,11 @@ class TaskAdapter:
             ``(adapted fast weights, each task's support loss before adaptation [T])``,
             the latter None without steps.
         """
+        if self.backtrack and not first_order:
+            raise ValueError("backtracking adapts first-order only (evaluation and serving)")
         fast = dict(fast)
         initial_losses = None
+        scale = accepted = None  # backtracking: each task's step scale [T], its last good point
         for step in range(self.steps):
             names = list(fast)
             with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -231,16 +268,28 @@ class TaskAdapter:
                 initial_losses = losses
             grads = tape.gradient(total, [fast[n] for n in names],
                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            grads = [tf.convert_to_tensor(g) for g in grads]
+            if self.backtrack:
+                if accepted is None:
+                    scale = tf.ones_like(losses)
+                else:
+                    fast, losses, grads, scale = self._back_off(fast, losses, grads, scale,
+                                                                accepted, support)
+                accepted = (dict(fast), losses, grads)
             for n, g in zip(names, grads):
-                g = tf.convert_to_tensor(g)
                 if first_order:
                     g = tf.stop_gradient(g)
                 rate = learning_rates[n]
                 if rates_per_step:
                     rate = rate[min(step, rate.shape[0] - 1)]
+                if scale is not None:
+                    rate = rate * self._per_task(scale, n, fast[n], support)
                 fast[n] = fast[n] - rate * g
             if trajectory is not None:
                 trajectory.append(dict(fast))
+        if self.backtrack and self.steps:  # the last step is checked too
+            fast, *_ = self._back_off(fast, self.task_losses(params, fast, support), grads,
+                                      scale, accepted, support)
         if self.ridge is not None and self.steps:
             if trajectory is None:
                 fast = self.solve_output_layer(params, fast, support)

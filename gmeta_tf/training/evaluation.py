@@ -118,7 +118,7 @@ def fine_tune_adaptation(model: tf.keras.Model, config: PipelineConfig,
     steps = baseline_steps(config) if steps is None else steps
     return fine_tuned_adaptation(model, steps, config.eval.baseline_lr,
                                  config.meta.fast_weights, config.meta.adapt_embeddings,
-                                 baseline_ridge(config))
+                                 baseline_ridge(config), config.eval.baseline_backtrack)
 
 
 def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,

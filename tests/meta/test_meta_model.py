@@ -396,3 +396,44 @@ def test_fine_tuning_that_blows_up_the_support_loss_is_undone():
     kept = fine_tuned_adaptation(baseline, 2, -20.0)(batch)["kept"].numpy()
     assert (kept == 0).all()
     assert (fine_tuned_adaptation(baseline, 2, 0.05)(batch)["kept"].numpy() == 1).all()
+
+
+def test_backtracking_takes_back_every_step_that_raises_a_tasks_support_loss():
+    """With ``backtrack``, steps uphill (a negative rate) are all taken back: every task
+    ends at its unadapted predictions and is kept (its support loss never rose); a rate
+    whose steps all lower the loss gives what plain fine-tuning gives; and at a rate so
+    large that plain fine-tuning is undone on some tasks, backtracking keeps every task,
+    none worse on its own support rows than before."""
+    model = tiny.model(MetaConfig())
+    baseline = CTRModel(model.embedding, model.tower, model.head)
+    batch = tiny.tasks(6, seed=4)
+    model.meta_gradients(batch)  # insert the ids
+    unadapted = fine_tuned_predictions(baseline, 0, 0.5)(batch).numpy()
+    uphill = fine_tuned_adaptation(baseline, 3, -20.0, backtrack=True)(batch)
+    np.testing.assert_allclose(uphill["blended"].numpy(), unadapted, rtol=1e-6)
+    assert (uphill["kept"].numpy() == 1).all()
+    np.testing.assert_allclose(
+        fine_tuned_predictions(baseline, 3, 0.01)(batch).numpy(),
+        fine_tuned_adaptation(baseline, 3, 0.01, backtrack=True)(batch)["blended"].numpy(),
+        rtol=1e-5)
+    plain = fine_tuned_adaptation(baseline, 5, 8.0)(batch)
+    backtracked = fine_tuned_adaptation(baseline, 5, 8.0, backtrack=True)(batch)
+    assert (plain["kept"].numpy() == 0).any()
+    assert (backtracked["kept"].numpy() == 1).all()
+    assert np.isfinite(backtracked["blended"].numpy()).all()
+
+    # the support loss, task by task, after backtracked steps: never above its start
+    from gmeta_tf.meta.task_adapter import TaskAdapter, resolve_fast_weights
+    from gmeta_tf.meta.task_batch import role_batches
+    adapter = TaskAdapter(baseline.tower, baseline.head, resolve_fast_weights(baseline.tower, ()),
+                          (), 5, backtrack=True)
+    support, _, pairs = role_batches(baseline.embedding, baseline.tower, "rating", batch, False)
+    params = baseline.tower.params()
+    fast = adapter.initial(params, tf.shape(support.mask)[0], pairs)
+    rates = {n: tf.constant(8.0) for n in adapter.fast_names}
+    adapted, before = adapter.adapt(params, fast, support, rates, first_order=True)
+    after = adapter.task_losses(params, adapted, support).numpy()
+    assert (after <= before.numpy() + 1e-6).all()
+    assert (after < before.numpy()).any()  # and some task did move
+    with pytest.raises(ValueError, match="first-order"):
+        adapter.adapt(params, fast, support, rates, first_order=False)
