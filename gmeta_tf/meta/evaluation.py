@@ -224,8 +224,14 @@ def fine_tuned_predictions(model: CTRModel, steps: int, learning_rate: float,
                            ridge: float = 0.0, blended: bool = True) -> PredictFn:
     """The non-meta baseline's predict function (``fine_tuned_adaptation``): predictions
     ``[T, Q]`` blended with the label prior's fold-in (``blended``) or not."""
-    adaptation = fine_tuned_adaptation(model, steps, learning_rate, fast_weights,
-                                       adapted_embeddings, ridge)
+    return prediction_of(fine_tuned_adaptation(model, steps, learning_rate, fast_weights,
+                                               adapted_embeddings, ridge), blended)
+
+
+def prediction_of(adaptation: Callable[[Mapping], Mapping[str, tf.Tensor]],
+                  blended: bool) -> PredictFn:
+    """One output of an adaptation's (``query_predictions``): its predictions blended with
+    the label prior's fold-in, or (``blended=False``) not."""
     name = "blended" if blended else "unblended"
     return lambda batch: adaptation(batch)[name]
 

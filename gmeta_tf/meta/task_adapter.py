@@ -201,31 +201,39 @@ class TaskAdapter:
         layer = prior + ridge_fit(z, residual, support.mask, self.ridge())     # [T, d+1]
         return {**fast, kernel: layer[:, :-1, None], bias: layer[:, -1:]}
 
-    def _per_task(self, values: tf.Tensor, name: str, weight: tf.Tensor,
-                  support: RoleBatch) -> tf.Tensor:
+    def _pair_tasks(self, fast: Mapping[str, tf.Tensor], support: RoleBatch) -> dict:
+        """Each adapted embedding offset's (task, id) pairs' task, ``[P]`` per name (a pair
+        read by no support row has no gradient: any task will do, here task 0)."""
+        out = {}
+        for n in self.embedding_fast:
+            pairs = support.pairs[n[len(EMBEDDING_PREFIX):]]                     # [T, S]
+            tasks = tf.broadcast_to(tf.range(tf.shape(pairs)[0])[:, None], tf.shape(pairs))
+            out[n] = tf.maximum(tf.math.unsorted_segment_max(
+                tf.reshape(tasks, [-1]), tf.reshape(pairs, [-1]), tf.shape(fast[n])[0]), 0)
+        return out
+
+    @staticmethod
+    def _per_task(values: tf.Tensor, name: str, weight: tf.Tensor,
+                  pair_tasks: Mapping[str, tf.Tensor]) -> tf.Tensor:
         """Per-task ``values [T]`` shaped to broadcast against fast weight ``name``: over
-        its task axis, or for an embedding offset ``[P, dim]`` over each (task, id) pair's
-        task (a pair read by no support row has no gradient: any task will do)."""
-        if not name.startswith(EMBEDDING_PREFIX):
-            return tf.reshape(values, tf.concat([tf.shape(values), tf.ones(
-                [tf.rank(weight) - 1], tf.int32)], 0))
-        pairs = support.pairs[name[len(EMBEDDING_PREFIX):]]                     # [T, S]
-        tasks = tf.broadcast_to(tf.range(tf.shape(pairs)[0])[:, None], tf.shape(pairs))
-        pair_task = tf.math.unsorted_segment_max(tf.reshape(tasks, [-1]), tf.reshape(pairs, [-1]),
-                                                 tf.shape(weight)[0])
-        return tf.gather(values, tf.maximum(pair_task, 0))[:, None]
+        its task axis, or for an embedding offset ``[P, dim]`` over each pair's task
+        (``_pair_tasks``)."""
+        if name in pair_tasks:
+            return tf.gather(values, pair_tasks[name])[:, None]
+        return tf.reshape(values, tf.concat([tf.shape(values), tf.ones(
+            [tf.rank(weight) - 1], tf.int32)], 0))
 
     def _back_off(self, fast: dict, losses: tf.Tensor, grads: list, scale: tf.Tensor,
-                  accepted: tuple, support: RoleBatch) -> tuple[dict, tf.Tensor, list, tf.Tensor]:
+                  accepted: tuple, pair_tasks: Mapping[str, tf.Tensor]
+                  ) -> tuple[dict, tf.Tensor, list, tf.Tensor]:
         """Takes back the last step of every task whose support loss it raised (or made
         not finite): its fast weights, loss and gradient return to its last accepted point
         and its step scale halves."""
         good_fast, good_losses, good_grads = accepted
         rose = ~(losses <= good_losses)                                          # [T]
-        out = {}
-        for n, w in fast.items():
-            out[n] = tf.where(self._per_task(rose, n, w, support), good_fast[n], w)
-        grads = [tf.where(self._per_task(rose, n, g, support), gg, g)
+        out = {n: tf.where(self._per_task(rose, n, w, pair_tasks), good_fast[n], w)
+               for n, w in fast.items()}
+        grads = [tf.where(self._per_task(rose, n, g, pair_tasks), gg, g)
                  for n, g, gg in zip(fast, grads, good_grads)]
         return (out, tf.where(rose, good_losses, losses), grads,
                 tf.where(rose, 0.5 * scale, scale))
@@ -258,6 +266,7 @@ class TaskAdapter:
         fast = dict(fast)
         initial_losses = None
         scale = accepted = None  # backtracking: each task's step scale [T], its last good point
+        pair_tasks = self._pair_tasks(fast, support) if self.backtrack else {}
         for step in range(self.steps):
             names = list(fast)
             with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -274,7 +283,7 @@ class TaskAdapter:
                     scale = tf.ones_like(losses)
                 else:
                     fast, losses, grads, scale = self._back_off(fast, losses, grads, scale,
-                                                                accepted, support)
+                                                                accepted, pair_tasks)
                 accepted = (dict(fast), losses, grads)
             for n, g in zip(names, grads):
                 if first_order:
@@ -283,13 +292,13 @@ class TaskAdapter:
                 if rates_per_step:
                     rate = rate[min(step, rate.shape[0] - 1)]
                 if scale is not None:
-                    rate = rate * self._per_task(scale, n, fast[n], support)
+                    rate = rate * self._per_task(scale, n, fast[n], pair_tasks)
                 fast[n] = fast[n] - rate * g
             if trajectory is not None:
                 trajectory.append(dict(fast))
         if self.backtrack and self.steps:  # the last step is checked too
             fast, *_ = self._back_off(fast, self.task_losses(params, fast, support), grads,
-                                      scale, accepted, support)
+                                      scale, accepted, pair_tasks)
         if self.ridge is not None and self.steps:
             if trajectory is None:
                 fast = self.solve_output_layer(params, fast, support)

@@ -32,7 +32,8 @@ from gmeta_tf.config import PipelineConfig, configured_blend, tower_sparse_featu
 from gmeta_tf.meta import (EvaluationReport, MetaModel, fine_tuned_adaptation,
                            query_predictions)
 from gmeta_tf.meta import metrics
-from gmeta_tf.meta.evaluation import fold_in_predictions, report_from_rows, traced_once
+from gmeta_tf.meta.evaluation import (fold_in_predictions, prediction_of, report_from_rows,
+                                      traced_once)
 from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
 from gmeta_tf.meta.task_adapter import DIVERGED_LOSS_RATIO
 from gmeta_tf.models.tower import Tower
@@ -125,9 +126,7 @@ def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,
                       steps: int | None = None, blended: bool = True) -> PredictFn:
     """``fine_tune_adaptation``'s predictions, blended with the fold-in (``blended``) or
     not."""
-    adaptation = fine_tune_adaptation(model, config, steps)
-    name = "blended" if blended else "unblended"
-    return lambda batch: adaptation(batch)[name]
+    return prediction_of(fine_tune_adaptation(model, config, steps), blended)
 
 
 def adaptation_steps(config: PipelineConfig, name: str) -> int:
@@ -247,12 +246,11 @@ def score_task_outputs(predict: AdaptationFn, batches: Iterable[Mapping],
         ids = np.broadcast_to(np.asarray(batch["task_id"])[:, None], real.shape)
         support = np.broadcast_to(
             (np.asarray(batch["support"]["mask"]) > 0).sum(axis=1)[:, None], real.shape)
-        rows = (ids[real], np.asarray(query[label])[real], np.asarray(query[binary])[real],
-                np.asarray(query[relevance])[real], support[real])
+        labelled = (np.asarray(query[label])[real], np.asarray(query[binary])[real],
+                    np.asarray(query[relevance])[real], support[real])
         for name, p in outputs.items():
-            task_id, *rest = rows
             parts.setdefault(name, []).append(
-                ScoredRows(task_id, np.asarray(p)[real], *rest))
+                ScoredRows(ids[real], np.asarray(p)[real], *labelled))
     return {name: ScoredRows.concat(p) for name, p in parts.items()}
 
 
@@ -506,7 +504,7 @@ class ComparedRow:
     report: EvaluationReport
     scored: ScoredRows
     blend: float | None = None
-    #: Tasks whose adaptation diverged and was undone (scored unadapted; ``adapted_outputs``).
+    #: Tasks whose adaptation diverged and was undone (scored unadapted; ``adapted_query``).
     undone: tuple[int, ...] = ()
 
 

@@ -398,7 +398,8 @@ def test_fine_tuning_that_blows_up_the_support_loss_is_undone():
     assert (fine_tuned_adaptation(baseline, 2, 0.05)(batch)["kept"].numpy() == 1).all()
 
 
-def test_backtracking_takes_back_every_step_that_raises_a_tasks_support_loss():
+@pytest.mark.parametrize("rows", [(), ("user_id",)])
+def test_backtracking_takes_back_every_step_that_raises_a_tasks_support_loss(rows):
     """With ``backtrack``, steps uphill (a negative rate) are all taken back: every task
     ends at its unadapted predictions and is kept (its support loss never rose); a rate
     whose steps all lower the loss gives what plain fine-tuning gives; and at a rate so
@@ -409,15 +410,18 @@ def test_backtracking_takes_back_every_step_that_raises_a_tasks_support_loss():
     batch = tiny.tasks(6, seed=4)
     model.meta_gradients(batch)  # insert the ids
     unadapted = fine_tuned_predictions(baseline, 0, 0.5)(batch).numpy()
-    uphill = fine_tuned_adaptation(baseline, 3, -20.0, backtrack=True)(batch)
+    uphill = fine_tuned_adaptation(baseline, 3, -20.0, adapted_embeddings=rows,
+                                   backtrack=True)(batch)
     np.testing.assert_allclose(uphill["blended"].numpy(), unadapted, rtol=1e-6)
     assert (uphill["kept"].numpy() == 1).all()
     np.testing.assert_allclose(
-        fine_tuned_predictions(baseline, 3, 0.01)(batch).numpy(),
-        fine_tuned_adaptation(baseline, 3, 0.01, backtrack=True)(batch)["blended"].numpy(),
+        fine_tuned_predictions(baseline, 3, 0.01, adapted_embeddings=rows)(batch).numpy(),
+        fine_tuned_adaptation(baseline, 3, 0.01, adapted_embeddings=rows,
+                              backtrack=True)(batch)["blended"].numpy(),
         rtol=1e-5)
-    plain = fine_tuned_adaptation(baseline, 5, 8.0)(batch)
-    backtracked = fine_tuned_adaptation(baseline, 5, 8.0, backtrack=True)(batch)
+    plain = fine_tuned_adaptation(baseline, 5, 8.0, adapted_embeddings=rows)(batch)
+    backtracked = fine_tuned_adaptation(baseline, 5, 8.0, adapted_embeddings=rows,
+                                        backtrack=True)(batch)
     assert (plain["kept"].numpy() == 0).any()
     assert (backtracked["kept"].numpy() == 1).all()
     assert np.isfinite(backtracked["blended"].numpy()).all()
@@ -426,8 +430,9 @@ def test_backtracking_takes_back_every_step_that_raises_a_tasks_support_loss():
     from gmeta_tf.meta.task_adapter import TaskAdapter, resolve_fast_weights
     from gmeta_tf.meta.task_batch import role_batches
     adapter = TaskAdapter(baseline.tower, baseline.head, resolve_fast_weights(baseline.tower, ()),
-                          (), 5, backtrack=True)
-    support, _, pairs = role_batches(baseline.embedding, baseline.tower, "rating", batch, False)
+                          rows, 5, backtrack=True)
+    support, _, pairs = role_batches(baseline.embedding, baseline.tower, "rating", batch, False,
+                                     rows)
     params = baseline.tower.params()
     fast = adapter.initial(params, tf.shape(support.mask)[0], pairs)
     rates = {n: tf.constant(8.0) for n in adapter.fast_names}
