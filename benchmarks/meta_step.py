@@ -103,7 +103,7 @@ def per_task_step_fn(model: MetaModel):
             support = _role(model, task["support"], SUPPORT)
             params = model.tower.params()
             fast = adapter.initial(params, 1, {})
-            adapted, _ = adapter.adapt(params, fast, support, rates, first_order=False)
+            adapted = adapter.adapt(params, fast, support, rates, first_order=False).fast
             query = _role(model, task["query"], QUERY)
             loss = tf.reduce_mean(adapter.task_losses(params, adapted, query))
         grads = tape.gradient(loss, dense + model.embedding.trainable_variables)

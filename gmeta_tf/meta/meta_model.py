@@ -178,10 +178,10 @@ class MetaModel(tf.keras.Model):
         params = self.tower.params()
         fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
         trajectory = [] if training and self.config.multi_step_loss else None
-        adapted, support_losses = self.adapter.adapt(params, fast, support,
-                                                     self.inner_learning_rates(),
-                                                     self.config.first_order,
-                                                     self.rates_per_step, trajectory)
+        adapted, support_losses, _ = self.adapter.adapt(params, fast, support,
+                                                        self.inner_learning_rates(),
+                                                        self.config.first_order,
+                                                        self.rates_per_step, trajectory)
         support_loss = tf.reduce_mean(support_losses)
         # The query rows' outputs under each step's fast weights (the last step's alone
         # without the multi-step loss); the trajectory's last entry is ``adapted``.

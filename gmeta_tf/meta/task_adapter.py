@@ -106,6 +106,22 @@ def resolve_fast_weights(tower: Tower, selectors: Sequence[str]) -> tuple[str, .
     return tuple(n for n in names if n in chosen)
 
 
+class Adaptation(NamedTuple):
+    """What ``TaskAdapter.adapt`` gives.
+
+    Attributes:
+        fast: The adapted fast weights.
+        before: Each task's support loss before the steps ``[T]`` (None without steps).
+        after: Each task's support loss under ``fast`` ``[T]`` where the inner loop has
+            computed it anyway (backtracking checks the last step; without a ridge solve
+            after it, that loss is the adapted weights'), else None.
+    """
+
+    fast: dict
+    before: tf.Tensor | None
+    after: tf.Tensor | None = None
+
+
 class TaskAdapter:
     """Adapts fast weights to each task's support set, for T tasks in one batched loop.
 
@@ -246,7 +262,7 @@ class TaskAdapter:
     def adapt(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
               support: RoleBatch, learning_rates: Mapping[str, tf.Tensor],
               first_order: bool, rates_per_step: bool = False,
-              trajectory: list | None = None) -> tuple[dict, tf.Tensor]:
+              trajectory: list | None = None) -> Adaptation:
         """k SGD steps of every task's fast weights on its support loss.
 
         Under an enclosing ``GradientTape`` the inner gradients are recorded, so the outer
@@ -258,8 +274,8 @@ class TaskAdapter:
         trajectory entry).
 
         Returns:
-            ``(adapted fast weights, each task's support loss before adaptation [T])``,
-            the latter None without steps.
+            An ``Adaptation``: the adapted fast weights and each task's support loss
+            before the steps (and after them, where the loop computed it).
         """
         if self.backtrack and not first_order:
             raise ValueError("backtracking adapts first-order only (evaluation and serving)")
@@ -296,16 +312,19 @@ class TaskAdapter:
                 fast[n] = fast[n] - rate * g
             if trajectory is not None:
                 trajectory.append(dict(fast))
+        final_losses = None
         if self.backtrack and self.steps:  # the last step is checked too
-            fast, *_ = self._back_off(fast, self.task_losses(params, fast, support), grads,
-                                      scale, accepted, pair_tasks)
+            fast, final_losses, *_ = self._back_off(
+                fast, self.task_losses(params, fast, support), grads, scale, accepted,
+                pair_tasks)
         if self.ridge is not None and self.steps:
+            final_losses = None  # the solve below moves the output layer
             if trajectory is None:
                 fast = self.solve_output_layer(params, fast, support)
             else:  # its last entry is the last step's fast weights: solved once, for both
                 trajectory[:] = [self.solve_output_layer(params, f, support) for f in trajectory]
                 fast = trajectory[-1]
-        return fast, initial_losses
+        return Adaptation(fast, initial_losses, final_losses)
 
 
 #: A task's adaptation has diverged when it leaves the task's own support loss more than
@@ -358,8 +377,9 @@ def adapted_query(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
                                              False, adapted_embeddings)
     params = adapter.tower.params()
     fast = adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
-    adapted, before = adapter.adapt(params, fast, support, learning_rates, first_order=True,
-                                    rates_per_step=rates_per_step)
+    adaptation = adapter.adapt(params, fast, support, learning_rates, first_order=True,
+                               rates_per_step=rates_per_step)
+    adapted, before = adaptation.fast, adaptation.before
     outputs = adapter.outputs(params, adapted, query)
     if not adapter.steps:
         return AdaptedQuery(outputs, outputs, tf.ones_like(outputs[:, 0], tf.bool))
@@ -368,7 +388,9 @@ def adapted_query(embedding: tf.keras.layers.Layer, adapter: TaskAdapter,
     if blend is not None:
         blended = blend * outputs + (1.0 - blend) * fold_in_outputs(adapter.tower, adapter.head,
                                                                      support, query)
-    after = adapter.task_losses(params, adapted, support)
+    after = adaptation.after
+    if after is None:
+        after = adapter.task_losses(params, adapted, support)
     kept = (tf.math.is_finite(after) & (after <= DIVERGED_LOSS_RATIO * before)
             & tf.reduce_all(tf.math.is_finite(outputs), axis=-1)
             & tf.reduce_all(tf.math.is_finite(blended), axis=-1))                 # [T]

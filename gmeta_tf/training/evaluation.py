@@ -271,6 +271,20 @@ def report(scored: ScoredRows, kind: str, k: int, per_task: bool = True) -> Eval
 
 # ---- validation during training (every rank) ---------------------------------------------
 
+def _validated(adaptation: AdaptationFn, blended_here: bool) -> AdaptationFn:
+    """What validation scores of an adapting model: ``prediction`` and ``kept`` (1 on the
+    rows of a task whose adaptation was kept). ``blended_here``: the predictions unblended,
+    to be blended with the fold-in by the ``Validator`` (which chooses the weight);
+    otherwise the model's blended ones (its own weight, or none without a prior)."""
+    name = "unblended" if blended_here else "blended"
+
+    def predict(batch):
+        out = adaptation(batch)
+        return {"prediction": out[name], "kept": out["kept"]}
+
+    return predict
+
+
 def selection_metric(config: PipelineConfig) -> str:
     """The metric that chooses checkpoints: ``train.select_metric`` ("auto": AUC)."""
     metric = config.train.select_metric
@@ -330,14 +344,15 @@ class Validator:
             for name, model in (("model", models.model), ("baseline", models.baseline)):
                 if model is not None and blends(model, config, name):
                     self.blended[name] = model.tower
-            # the blend is applied here, to the predictions unblended
-            self.predictors["model"] = meta_predict(models.model, config.eval.adapt_steps,
-                                                    blended="model" not in self.blended)
+            # the blend is applied here, to the predictions unblended of the tasks kept
+            self.predictors["model"] = _validated(
+                meta_adaptation(models.model, config.eval.adapt_steps), "model" in self.blended)
             if models.baseline is not None:
-                self.predictors["baseline"] = fine_tune_predict(
-                    models.baseline, config, blended="baseline" not in self.blended)
+                self.predictors["baseline"] = _validated(
+                    fine_tune_adaptation(models.baseline, config), "baseline" in self.blended)
         else:
-            self.predictors["model"] = row_predict(models.model)
+            predict = row_predict(models.model)
+            self.predictors["model"] = lambda batch: {"prediction": predict(batch)}
         self._batches: list | None = None
         self._fold_in: list[ScoredRows] | None = None
         #: With ``train.linear_margin``: the linear start's validation predictions (step 0).
@@ -382,7 +397,8 @@ class Validator:
         for name, predict in self.predictors.items():
             if name in skip:
                 continue
-            splits = [self._scored(predict, batches) for batches in self._batches]
+            scored = [self._scored(predict, batches) for batches in self._batches]
+            splits = [s["prediction"] for s in scored]
             reports = self._reports(splits)
             if not reports:
                 continue
@@ -392,7 +408,8 @@ class Validator:
                 if margin is not None:
                     out[name]["linear_margin"] = margin
             if name in self.blended:
-                blended, out[name]["blend"] = self._blend(self.blended[name], splits)
+                blended, out[name]["blend"] = self._blend(self.blended[name], splits,
+                                                          [s["kept"] for s in scored])
                 metric = selection_metric(self.config)
                 out[name][f"blended_{metric}"] = mean_over_splits(
                     self._reports(blended))[metric]
@@ -429,30 +446,48 @@ class Validator:
         return [report(s, self.kind, self.k, self.tasks).overall
                 for s in splits if len(s.prediction)]
 
-    def _scored(self, predict: PredictFn, batches: list[tuple[Mapping, bool]]) -> ScoredRows:
-        """One split's rows of every rank scored by ``predict`` (a collective)."""
-        score = score_tasks if self.tasks else score_rows
-        parts = [score(predict, [batch], self.labels) for batch, _ in batches]
-        return ScoredRows.concat([p for p, (_, real) in zip(parts, batches) if real]).gathered()
+    def _scored(self, predict: AdaptationFn, batches: list[tuple[Mapping, bool]]
+                ) -> dict[str, ScoredRows]:
+        """One split's rows of every rank scored by each output of ``predict`` (a
+        collective)."""
+        if self.tasks:
+            parts = [score_task_outputs(predict, [batch], self.labels) for batch, _ in batches]
+        else:
+            parts = [{"prediction": score_rows(lambda b: predict(b)["prediction"], [batch],
+                                               self.labels)} for batch, _ in batches]
+        real = [p for p, (_, is_real) in zip(parts, batches) if is_real]
+        names = real[0].keys() if real else ("prediction",)
+        return {n: ScoredRows.concat([p[n] for p in real]).gathered() for n in names}
 
-    def _blend(self, tower: Tower, splits: list[ScoredRows]) -> tuple[list[ScoredRows], float]:
+    def _blend(self, tower: Tower, splits: list[ScoredRows], kept: list[ScoredRows]
+               ) -> tuple[list[ScoredRows], float]:
         """The splits' rows blended with the prior's fold-in at the config's weight or,
-        unset, the weight chosen on them, which is set on ``tower``; and that weight."""
+        unset, the weight chosen on them, which is set on ``tower``; and that weight.
+
+        Only the rows of tasks whose adaptation was kept (``kept``'s predictions: 1 or 0
+        per row) are blended or choose the weight: an undone task's rows are its unadapted
+        outputs, unblended, as ``gmeta eval`` scores them and the SavedModel serves them
+        (``task_adapter.adapted_query``)."""
         if self._fold_in is None:  # the prior is fixed during training: scored once
             predict = fold_in_predictions(tower, self.models.model.head)
-            self._fold_in = [self._scored(predict, batches) for batches in self._batches]
+            self._fold_in = [self._scored(lambda b: {"prediction": predict(b)}, batches)
+                             ["prediction"] for batches in self._batches]
         fold_in = [f.prediction for f in self._fold_in]
-        for s, f in zip(splits, self._fold_in):  # the same batches: the same rows in order
+        for s, f, k in zip(splits, self._fold_in, kept):  # the same batches: the same rows
             assert np.array_equal(s.task_id, f.task_id) and np.array_equal(s.label, f.label)
+            assert np.array_equal(s.task_id, k.task_id)
+        blended_rows = [k.prediction > 0.5 for k in kept]
         blend = configured_blend(self.config.model)
         if blend is None:
-            blend = chosen_blend(np.concatenate([s.prediction for s in splits]),
-                                 np.concatenate(fold_in),
-                                 np.concatenate([s.label for s in splits]),
-                                 np.concatenate([s.task_id for s in splits]))
+            chosen_on = np.concatenate(blended_rows)
+            blend = chosen_blend(np.concatenate([s.prediction for s in splits])[chosen_on],
+                                 np.concatenate(fold_in)[chosen_on],
+                                 np.concatenate([s.label for s in splits])[chosen_on],
+                                 np.concatenate([s.task_id for s in splits])[chosen_on])
         tower.prior_blend.assign(blend)
-        return [dataclasses.replace(s, prediction=blend * s.prediction + (1.0 - blend) * f)
-                for s, f in zip(splits, fold_in)], blend
+        return [dataclasses.replace(s, prediction=np.where(
+                    rows, blend * s.prediction + (1.0 - blend) * f, s.prediction))
+                for s, f, rows in zip(splits, fold_in, blended_rows)], blend
 
 
 #: The linear start's validation predictions, beside the checkpoints (``Validator``).

@@ -436,8 +436,9 @@ def test_backtracking_takes_back_every_step_that_raises_a_tasks_support_loss(row
     params = baseline.tower.params()
     fast = adapter.initial(params, tf.shape(support.mask)[0], pairs)
     rates = {n: tf.constant(8.0) for n in adapter.fast_names}
-    adapted, before = adapter.adapt(params, fast, support, rates, first_order=True)
+    adapted, before, reported = adapter.adapt(params, fast, support, rates, first_order=True)
     after = adapter.task_losses(params, adapted, support).numpy()
+    np.testing.assert_allclose(reported.numpy(), after, rtol=1e-6)  # computed once, in the loop
     assert (after <= before.numpy() + 1e-6).all()
     assert (after < before.numpy()).any()  # and some task did move
     with pytest.raises(ValueError, match="first-order"):

@@ -163,6 +163,70 @@ def test_a_blend_set_in_the_config_is_used_as_it_is_not_chosen(ratings_run):
     assert results["model"]["blended_auc"] != pytest.approx(results["model"]["auc"], abs=1e-6)
 
 
+def test_validation_scores_an_undone_task_unadapted_and_unblended_as_it_is_served(ratings_run):
+    """A validation task whose fine-tuning diverges (its support ratings poisoned) is scored
+    as ``gmeta eval`` scores it and the SavedModel serves it: its unadapted outputs, not
+    blended with the fold-in; the blend is chosen on the other tasks' rows alone."""
+
+    from gmeta_tf.meta import metrics
+    from gmeta_tf.meta.evaluation import fold_in_predictions
+    from gmeta_tf.training.cold_start import restore_models
+    from gmeta_tf.training.evaluation import (Validator, chosen_blend, fine_tune_adaptation,
+                                              fine_tune_predict)
+
+    _, _, config, _ = ratings_run
+    models, _ = restore_models(config)
+    validator = Validator(models, config)
+    assert "baseline" in validator.blended
+    splits = validator._load()
+    for batches in splits:  # the same user in every split: the first of the first batch
+        batch = batches[0][0]
+        support = dict(batch["support"], rating=batch["support"]["rating"].numpy().copy())
+        support["rating"][0] *= 1e30
+        batches[0] = ({**batch, "support": support}, batches[0][1])
+    validator._batches = splits
+    results = validator()["baseline"]
+    label, binary, _ = validator.labels
+
+    adaptation = fine_tune_adaptation(models.baseline, config)
+    unadapted = fine_tune_predict(models.baseline, config, 0, blended=False)
+    fold_in = fold_in_predictions(models.baseline.tower, models.baseline.head)
+    rows = {"unblended": [], "kept": [], "fold_in": [], "unadapted": [], "label": [],
+            "binary": [], "task": []}
+    for batches in splits:
+        per = {k: [] for k in rows}
+        for batch, real in batches:
+            if not real:
+                continue
+            mask = batch["query"]["mask"].numpy() > 0
+            out = adaptation(batch)
+            per["unblended"].append(out["unblended"].numpy()[mask])
+            per["kept"].append(out["kept"].numpy()[mask] > 0.5)
+            per["fold_in"].append(fold_in(batch).numpy()[mask])
+            per["unadapted"].append(unadapted(batch).numpy()[mask])
+            per["label"].append(batch["query"][label].numpy()[mask])
+            per["binary"].append(batch["query"][binary].numpy()[mask])
+            per["task"].append(np.broadcast_to(batch["task_id"].numpy()[:, None],
+                                               mask.shape)[mask])
+        for k in rows:
+            rows[k].append(np.concatenate(per[k]))
+    for kept, unblended, unadapted_rows in zip(rows["kept"], rows["unblended"],
+                                               rows["unadapted"]):
+        assert 0 < kept.sum() < len(kept)  # the poisoned user, and only it, was undone
+        np.testing.assert_array_equal(unblended[~kept], unadapted_rows[~kept])
+    kept_all = np.concatenate(rows["kept"])
+    blend = chosen_blend(*(np.concatenate(rows[k])[kept_all]
+                           for k in ("unblended", "fold_in", "label", "task")))
+    assert results["blend"] == pytest.approx(blend, abs=1e-9)
+    aucs = [metrics.auc(b, np.where(k, blend * u + (1 - blend) * f, u))
+            for b, k, u, f in zip(rows["binary"], rows["kept"], rows["unblended"],
+                                  rows["fold_in"])]
+    assert results["blended_auc"] == pytest.approx(np.mean(aucs), abs=1e-9)
+    everywhere = [metrics.auc(b, blend * u + (1 - blend) * f)  # the undone rows blended too
+                  for b, u, f in zip(rows["binary"], rows["unblended"], rows["fold_in"])]
+    assert results["blended_auc"] != pytest.approx(np.mean(everywhere), abs=1e-6)
+
+
 def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tmp_path):
     from gmeta_tf.training.cold_start import restore_models
 

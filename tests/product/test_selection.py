@@ -537,7 +537,7 @@ def test_validation_scores_each_task_under_several_splits_of_its_rows(tiny_data,
     number of query rows but other query rows; each metric is the mean over the splits."""
     import numpy as np
 
-    from gmeta_tf.training.evaluation import Validator, report, score_tasks
+    from gmeta_tf.training.evaluation import Validator, report, score_task_outputs
     from gmeta_tf.training.model_builder import build_models
 
     def rows_of(batches, role):
@@ -576,7 +576,8 @@ def test_validation_scores_each_task_under_several_splits_of_its_rows(tiny_data,
     results = validator()
     assert set(results) == {"model", "baseline"}
     predict = validator.predictors["model"]
-    per_split = [report(score_tasks(predict, [b for b, _ in batches], validator.labels),
+    per_split = [report(score_task_outputs(predict, [b for b, _ in batches],
+                                           validator.labels)["prediction"],
                         validator.kind, validator.k).overall for batches in splits]
     for metric in ("auc", "logloss"):
         assert results["model"][metric] == pytest.approx(
