@@ -325,7 +325,10 @@ class Validator:
     chosen at every validation: the least-squares weight on the validation query rows,
     moved toward an equal mix by up to one standard error (``chosen_blend``, over every
     split of the tasks, clustered by task), set on the tower (so the
-    checkpoint saved after it carries it); set, it is the config's. The other metrics,
+    checkpoint saved after it carries it); set, it is the config's. A task whose
+    adaptation was undone (``task_adapter.adapted_query``) keeps its unadapted outputs
+    unblended, as ``gmeta eval`` scores it and the SavedModel serves it, and its rows do
+    not choose the weight. The other metrics,
     those that choose checkpoints and stop training among them, are of the model's own
     predictions either way: the blend is applied to a model, not a way for an untrained
     one to look trained (blended with the fold-in, an early checkpoint's figures are
