@@ -90,10 +90,10 @@ def row_batches(config: PipelineConfig, split: str | None, path: str | None = No
 
 # ---- predict functions -------------------------------------------------------------------
 
-def meta_predict(model: MetaModel, steps: int | None = None, blended: bool = True) -> PredictFn:
-    """The meta model adapted with its inner loop (``steps`` overrides k; 0: none);
-    ``blended``: with the label prior's fold-in."""
-    return traced_once(lambda batch: model.adapted_predictions(batch, steps, blended))
+def meta_predict(model: MetaModel, steps: int | None = None) -> PredictFn:
+    """The meta model adapted with its inner loop (``steps`` overrides k; 0: none),
+    blended with the label prior's fold-in."""
+    return traced_once(lambda batch: model.adapted_predictions(batch, steps))
 
 
 def meta_adaptation(model: MetaModel, steps: int | None = None) -> AdaptationFn:
@@ -123,10 +123,9 @@ def fine_tune_adaptation(model: tf.keras.Model, config: PipelineConfig,
 
 
 def fine_tune_predict(model: tf.keras.Model, config: PipelineConfig,
-                      steps: int | None = None, blended: bool = True) -> PredictFn:
-    """``fine_tune_adaptation``'s predictions, blended with the fold-in (``blended``) or
-    not."""
-    return prediction_of(fine_tune_adaptation(model, config, steps), blended)
+                      steps: int | None = None) -> PredictFn:
+    """``fine_tune_adaptation``'s predictions, blended with the fold-in."""
+    return prediction_of(fine_tune_adaptation(model, config, steps), blended=True)
 
 
 def adaptation_steps(config: PipelineConfig, name: str) -> int:
@@ -272,15 +271,17 @@ def report(scored: ScoredRows, kind: str, k: int, per_task: bool = True) -> Eval
 # ---- validation during training (every rank) ---------------------------------------------
 
 def _validated(adaptation: AdaptationFn, blended_here: bool) -> AdaptationFn:
-    """What validation scores of an adapting model: ``prediction`` and ``kept`` (1 on the
-    rows of a task whose adaptation was kept). ``blended_here``: the predictions unblended,
-    to be blended with the fold-in by the ``Validator`` (which chooses the weight);
-    otherwise the model's blended ones (its own weight, or none without a prior)."""
-    name = "unblended" if blended_here else "blended"
+    """What validation scores of an adapting model: ``prediction``. ``blended_here``: the
+    predictions unblended, to be blended with the fold-in by the ``Validator`` (which
+    chooses the weight), and ``kept`` (1 on the rows of a task whose adaptation was kept:
+    only those are blended); otherwise the model's blended predictions (its own weight,
+    or none without a prior) alone."""
+    if not blended_here:
+        return lambda batch: {"prediction": adaptation(batch)["blended"]}
 
     def predict(batch):
         out = adaptation(batch)
-        return {"prediction": out[name], "kept": out["kept"]}
+        return {"prediction": out["unblended"], "kept": out["kept"]}
 
     return predict
 

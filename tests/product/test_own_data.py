@@ -189,7 +189,7 @@ def test_validation_scores_an_undone_task_unadapted_and_unblended_as_it_is_serve
     label, binary, _ = validator.labels
 
     adaptation = fine_tune_adaptation(models.baseline, config)
-    unadapted = fine_tune_predict(models.baseline, config, 0, blended=False)
+    unadapted = fine_tune_predict(models.baseline, config, 0)  # no steps: nothing blended
     fold_in = fold_in_predictions(models.baseline.tower, models.baseline.head)
     rows = {"unblended": [], "kept": [], "fold_in": [], "unadapted": [], "label": [],
             "binary": [], "task": []}
