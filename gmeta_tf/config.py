@@ -154,8 +154,13 @@ class PriorSection:
     ``fold_in_prior`` what it shrinks them toward: ``isotropic`` (zero, every coordinate
     alike) or ``empirical`` (the training users' mean bias and factor, along their
     covariance: the empirical-Bayes fold-in, ``references.FactorModel.with_fold_in_prior``).
-    None: each chosen on the validation split by the fold-in's loss, from
-    ``references.MF_REGS`` x ``references.FOLD_IN_PRIORS`` x ``references.MF_FOLD_IN``. The
+    ``item_bias`` is how the factorisation fits each value's bias: ``fitted`` with the
+    factors, or a number d, held at the value's damped mean residual (its rows' labels less
+    the mean, summed, over rows + d: Koren's baseline predictor) with only the factors and
+    the users' biases fitted around it, so that a value of few rows keeps its own mean's
+    share. None: each chosen on the validation split by the fold-in's loss, from
+    ``references.MF_REGS`` x ``references.FOLD_IN_PRIORS`` x ``references.MF_ITEM_BIASES`` x
+    ``references.MF_FOLD_IN``. The
     ridge solve of both models (``meta.ridge``, ``eval.baseline_ridge``) shrinks the output
     layer's weights on the factors and its bias at ``fold_in`` (the meta model from there,
     learned), its weights on the last hidden layer at the ridge strength. Each model's
@@ -176,6 +181,7 @@ class PriorSection:
     factors: int = field(0, min=0)
     fold_in: float | None = field(None, min_exclusive=0.0)
     fold_in_prior: Literal["isotropic", "empirical"] | None = None
+    item_bias: float | Literal["fitted"] | None = field(None, min=0.0)
     blend: float | None = field(None, min=0.0, max=1.0)
     factors_in_output: bool = True
 
@@ -645,7 +651,13 @@ def _convert(hint: Any, value: Any, key: str):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, key)
+        if len(inner) == 1:
+            return _convert(inner[0], value, key)
+        for hint_of in inner:  # e.g. a number or a named choice: the first that fits
+            if type_violation(hint_of, value) is None:
+                return _convert(hint_of, value, key)
+        raise _fail(key, value, " or ".join(type_name(a) if typing.get_origin(a) is Literal
+                                            else _describe(a, {}) for a in inner))
     if origin is Literal:
         if value not in args:
             raise _fail(key, value, f"one of {list(args)}")
@@ -805,6 +817,10 @@ def check_consistency(config: PipelineConfig) -> None:
         raise _fail("model.prior.blend", model.prior.blend,
                     "None without model.prior.factors (the blend is with the factorisation's "
                     "fold-in)")
+    if (model.prior is not None and model.prior.item_bias is not None
+            and not model.prior.factors):
+        raise _fail("model.prior.item_bias", model.prior.item_bias,
+                    "None without model.prior.factors (there is no factorisation)")
     if (model.prior is not None and model.prior.fold_in_prior is not None
             and not model.prior.factors):
         raise _fail("model.prior.fold_in_prior", model.prior.fold_in_prior,

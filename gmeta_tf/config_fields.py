@@ -76,6 +76,8 @@ def range_violation(metadata: Mapping[str, Any], value: Any) -> str | None:
     if value is None or not metadata:
         return None
     for item in value if isinstance(value, tuple) else (value,):
+        if isinstance(item, str):  # a named choice beside a number: no range
+            continue
         kind = "an integer" if isinstance(item, numbers.Integral) else "a number"
         if "min" in metadata and item < metadata["min"]:
             return f"{kind} >= {metadata['min']}"
@@ -95,7 +97,10 @@ def type_violation(hint: Any, value: Any) -> str | None:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return type_violation(inner[0], value) if len(inner) == 1 else None
+        if len(inner) == 1:
+            return type_violation(inner[0], value)
+        found = [type_violation(a, value) for a in inner]
+        return None if None in found else " or ".join(found)
     if origin is Literal:
         return None if value in args else f"one of {list(args)}"
     if origin is tuple:

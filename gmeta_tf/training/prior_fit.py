@@ -14,10 +14,12 @@ A prior with factors (``model.prior.factors``) is a matrix factorisation instead
 by alternating least squares on the training rows of every rank (each rank's rows of the
 feature, label and task are gathered; the rows, not the table, cross the network, so it
 suits ratings of a few million rows). Its L2 strength, the fold-in strength and the
-fold-in prior, unless configured, are the ones of ``references.MF_REGS`` x
-``references.FOLD_IN_PRIORS`` x ``references.MF_FOLD_IN`` whose fold-in (each validation
-task's bias and factor the ridge fit of its support rows at the fold-in strength, on the
-items' factors at the L2, under the isotropic or the empirical-Bayes prior) has the lowest
+fold-in prior and how an item's bias is fitted, unless configured, are the ones of
+``references.MF_REGS`` x ``references.MF_ITEM_BIASES`` x ``references.FOLD_IN_PRIORS`` x
+``references.MF_FOLD_IN`` whose fold-in (each validation task's bias and factor the ridge
+fit of its support rows at the fold-in strength, on the items' factors at the L2, their
+biases fitted with the factors or held at damped item means, under the isotropic or the
+empirical-Bayes prior) has the lowest
 loss on the validation tasks' query rows, each rank scoring its own: the factorisation
 reference's search (``references.fold_in_grid``), its losses summed over the ranks. The
 prior's factors and biases are the items' under the chosen prior
@@ -39,8 +41,8 @@ from gmeta_tf import distributed
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.label_prior import MAX_FACTOR_NORM, LabelPrior
-from gmeta_tf.training.references import (DAMPINGS, FOLD_IN_PRIORS, MF_FOLD_IN, MF_REGS,
-                                          FactorModel, FeatureMean, FoldInTask,
+from gmeta_tf.training.references import (DAMPINGS, FOLD_IN_PRIORS, MF_FOLD_IN,
+                                          MF_ITEM_BIASES, MF_REGS, FactorModel, FeatureMean, FoldInTask,
                                           factorisations, fold_in_grid, loss_of,
                                           query_rows, rows_of)
 
@@ -123,8 +125,8 @@ def _validation_losses(kind: str, mean: FeatureMean, valid: dict[str, np.ndarray
 def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
                  ) -> dict[tuple[float, float], float]:
     """Fits a prior with factors (see the module docstring); returns the validation loss
-    of each (L2, fold-in strength) pair tried (empty when ``model.prior.damping`` and
-    ``model.prior.fold_in`` are both set)."""
+    of each ((L2, item bias, fold-in prior), fold-in strength) tried (empty when
+    ``model.prior.damping``, ``fold_in``, ``fold_in_prior`` and ``item_bias`` are all set)."""
     label, feature = config.model.head.label, prior.feature
     tasks, items = (distributed.allgather(np.asarray(train[k]).astype(np.int64))
                     for k in (TASK_COLUMN, feature))
@@ -133,30 +135,31 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
         raise ConfigError(f"config key 'model.prior.factors' = {prior.factors} is not "
                           f"allowed: the training split has no rows to factorise")
 
-    def fit(rows, reg):
+    def fit(rows, reg, item_bias):
         return FactorModel(tasks[rows], items[rows], labels[rows], factors=prior.factors,
-                           reg=reg)
+                           reg=reg, item_bias=item_bias)
 
     every = np.ones(len(labels), bool)
     section = config.model.prior
     reg, strength, losses = section.damping, section.fold_in, {}
-    fold_in_prior = section.fold_in_prior
+    fold_in_prior, item_bias = section.fold_in_prior, section.item_bias
     split = config.train.validation_split
-    if reg is None or strength is None or fold_in_prior is None:
+    if reg is None or strength is None or fold_in_prior is None or item_bias is None:
         names = [feature, label]
         unset = ("damping" if reg is None else "fold_in" if strength is None
-                 else "fold_in_prior")
-        what = "the factorisation's L2, fold-in strength and fold-in prior"
-        setting = ("model.prior.damping, model.prior.fold_in and model.prior.fold_in_prior, "
-                   "e.g. 10, 3 and empirical")
+                 else "fold_in_prior" if fold_in_prior is None else "item_bias")
+        what = "the factorisation's L2, item bias, fold-in strength and fold-in prior"
+        setting = ("model.prior.damping, model.prior.item_bias, model.prior.fold_in and "
+                   "model.prior.fold_in_prior, e.g. 10, fitted, 3 and empirical")
         valid = _read_validation(
             lambda: [{role: {k: np.asarray(v) for k, v in batch[role].items()}
                       for role in ("support", "query")}
                      for batch in _shard_tasks(config, split, names)],
             what, setting, key=unset)
         losses, models, rows = fold_in_grid(
-            factorisations(lambda r: fit(every, r)),
-            [(r, p) for r in (MF_REGS if reg is None else (reg,))
+            factorisations(lambda setting: fit(every, *setting)),
+            [(r, b, p) for r in (MF_REGS if reg is None else (reg,))
+             for b in (MF_ITEM_BIASES if item_bias is None else (item_bias,))
              for p in (FOLD_IN_PRIORS if fold_in_prior is None else (fold_in_prior,))],
             MF_FOLD_IN if strength is None else (strength,),
             [FoldInTask.of(b, feature, label) for b in valid],
@@ -165,12 +168,13 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
             raise ConfigError(f"config key 'model.prior.{unset}' = None is not allowed: the "
                               f"validation split {split!r} has no query rows to choose "
                               f"{what} on; set {setting}")
-        (reg, fold_in_prior), strength = min(losses, key=losses.get)
-        whole = models[(reg, fold_in_prior)]
+        (reg, item_bias, fold_in_prior), strength = min(losses, key=losses.get)
+        whole = models[(reg, item_bias, fold_in_prior)]
     else:
-        whole = fit(every, reg).with_fold_in_prior(fold_in_prior)
+        whole = fit(every, reg, item_bias).with_fold_in_prior(fold_in_prior)
     keys = whole.keys
-    folds = [fit(np.mod(tasks, prior.folds) != k, reg).with_fold_in_prior(fold_in_prior)
+    folds = [fit(np.mod(tasks, prior.folds) != k, reg, item_bias)
+             .with_fold_in_prior(fold_in_prior)
              for k in range(prior.folds if prior.folds > 1 else 0)]
 
     def bias_and_factors(model):  # the prior of ``keys`` relative to the whole split's mean
@@ -187,15 +191,16 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
     distributed.broadcast_variables(variables)
     scale = float(prior.factor_scale().numpy())
     log.info("label prior of %r: a matrix factorisation with %d factors of %d values from %d "
-             "training rows (mean %.4g), L2 %g, a new task folded in at strength %g under "
-             "the %s prior%s, %s%s",
-             feature, prior.factors, len(keys), len(labels), whole.mean, reg, strength,
-             fold_in_prior,
+             "training rows (mean %.4g), L2 %g, item biases %s, a new task folded in at "
+             "strength %g under the %s prior%s, %s%s",
+             feature, prior.factors, len(keys), len(labels), whole.mean, reg,
+             "fitted with the factors" if item_bias == "fitted"
+             else f"held at their means damped by {item_bias:g}", strength, fold_in_prior,
              "" if scale == 1.0 else f" (the tower reads its factors times {scale:.3g}: their "
                                      f"RMS norm capped at {MAX_FACTOR_NORM:g})",
              f"training rows read it out of {prior.folds} folds of tasks"
              if folds else "training rows read it with their own labels",
-             f" (validation fold-in MAE per ((L2, prior), strength): "
+             f" (validation fold-in MAE per ((L2, item bias, prior), strength): "
              f"{ {k: round(v, 5) for k, v in losses.items()} })" if losses else "")
     return losses
 

@@ -63,7 +63,11 @@ MF_SWEEPS = 6
 _BATCH_ROWS = 1 << 16  # padded rows per batch of the factorisation's least-squares solves
 #: A new task's prior in the fold-in (``FactorModel.with_fold_in_prior``), both tried.
 FOLD_IN_PRIORS = ("isotropic", "empirical")
+# how the factorisation fits an item's bias: with the factors, or held at its mean residual
+# damped by each count (FactorModel's item_bias)
+MF_ITEM_BIASES = ("fitted", 3.0, 10.0, 30.0)
 _EPS = 1e-3
+_PINNED = 1e12  # a ridge strength that holds a coefficient at 0
 
 
 def sorted_lookup(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -339,7 +343,8 @@ def _ridge_per_group(groups: _Groups, factors: np.ndarray, targets: np.ndarray,
 
 class FactorModel:
     """A biased matrix factorisation of ratings, fitted by alternating least squares:
-    ``mean + b_item + b_task + p_task . q_item`` with L2 ``reg`` on every factor and bias.
+    ``mean + b_item + b_task + p_task . q_item`` with L2 ``reg`` on every factor and bias
+    (or each item's bias held at its damped mean residual: ``item_bias``).
     The items' part is kept, and of the tasks only the mean and covariance of their
     fitted biases and factors (``with_fold_in_prior``): a new task is folded in from its
     own rows.
@@ -350,25 +355,41 @@ class FactorModel:
         reg: L2 strength.
         sweeps: Alternations (tasks' then items' least squares).
         seed: Seeds the initial factors.
+        item_bias: ``fitted``: every item's bias is fitted with the factors (L2
+            ``reg``). A count ``d``: each item's bias is held at its damped mean residual,
+            ``sum(label - mean) / (rows + d)`` (Koren's baseline predictor), and only the
+            factors and the tasks' biases are fitted around it: an item of few rows keeps
+            its own mean's share instead of one the factors compete for.
     """
 
     def __init__(self, tasks: np.ndarray, items: np.ndarray, labels: np.ndarray,
                  factors: int = MF_FACTORS, reg: float = 10.0, sweeps: int = MF_SWEEPS,
-                 seed: int = 0):
+                 seed: int = 0, item_bias: float | str = "fitted"):
         self.keys, item_of = np.unique(items, return_inverse=True)
         _, task_of = np.unique(tasks, return_inverse=True)
         labels = np.asarray(labels, np.float64)
         self.mean = float(labels.mean())
         rng = np.random.default_rng(seed)
         q = rng.normal(0.0, 0.1, (len(self.keys), factors))
-        b_item = np.zeros(len(self.keys))
         by_task = _Groups.of(task_of)
         by_item = _Groups.of(item_of, len(self.keys))
         eye = reg * np.eye(factors + 1)
         targets = labels - self.mean
+        held = item_bias != "fitted"
+        if held:
+            b_item = (np.bincount(item_of, targets, len(self.keys))
+                      / (np.bincount(item_of, minlength=len(self.keys)) + float(item_bias)))
+            item_eye = eye.copy()
+            item_eye[-1, -1] = _PINNED  # the items' half-step fits no bias beside the held one
+        else:
+            b_item, item_eye = np.zeros(len(self.keys)), eye
         for _ in range(sweeps):
             p, b_task = _ridge_per_group(by_task, q[item_of], targets - b_item[item_of], eye)
-            q, b_item = _ridge_per_group(by_item, p[task_of], targets - b_task[task_of], eye)
+            q, fitted = _ridge_per_group(by_item, p[task_of],
+                                         targets - b_item[item_of] * held - b_task[task_of],
+                                         item_eye)
+            if not held:
+                b_item = fitted
         self.factors, self.biases = q, b_item
         # the tasks' half-step against the final items: the training tasks as fitted
         p, b_task = _ridge_per_group(by_task, q[item_of], targets - b_item[item_of], eye)
@@ -477,8 +498,8 @@ def fold_in_grid(fit: Callable[[Hashable], FactorModel], regs: Iterable[Hashable
     """Each (fit, fold-in strength) pair's loss (``loss_of`` of ``kind``) on the real query
     rows of ``tasks`` (labels ``labels``, in ``query_rows`` order) of their fold-in at the
     strength into the factorisation ``fit(setting)``, a setting being an L2 or any key
-    ``fit`` reads (the reference passes (width, L2, fold-in prior) triples, the factor
-    prior (L2, fold-in prior) pairs): ``(losses keyed
+    ``fit`` reads (the reference passes (width, L2, item bias, fold-in prior), the factor
+    prior (L2, item bias, fold-in prior)): ``(losses keyed
     (setting, strength), the setting outer; the factorisations by setting; rows)``. The
     first pair of lowest loss is the choice. ``total`` (None: one process) sums ``[loss *
     rows of each pair..., rows]`` over ranks, for the loss over every rank's rows. Without
@@ -508,7 +529,8 @@ def _query_loss(predict: Predict, valid_batches: list[Mapping], valid_labels: np
 def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
                       labels: np.ndarray, valid_batches: list[Mapping],
                       valid_labels: np.ndarray, items: np.ndarray, seed: int):
-    """The factorisation fold-in reference, ``reg`` and ``fold_in`` chosen on validation
+    """The factorisation fold-in reference, its width, ``reg``, item bias, fold-in prior and
+    ``fold_in`` chosen on validation
     (``fold_in_grid``): ``(predict, settings)``. ``items``: the training rows' reference ids."""
     def task(batch: Mapping) -> FoldInTask:  # NumPy or tensors; a multi-slot id's first slot
         return FoldInTask.of(_first_slot(_numpy(batch), data), data.feature, data.label)
@@ -518,16 +540,17 @@ def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
     regs = MF_REGS_CLICKS if data.kind == "binary" else MF_REGS
     losses, models, _ = fold_in_grid(
         factorisations(lambda fit: FactorModel(task_ids, items, labels, factors=fit[0],
-                                               reg=fit[1], seed=seed)),
-        [(w, r, p) for w in widths for r in regs for p in FOLD_IN_PRIORS], MF_FOLD_IN,
+                                               reg=fit[1], seed=seed, item_bias=fit[2])),
+        [(w, r, b, p) for w in widths for r in regs for b in MF_ITEM_BIASES
+         for p in FOLD_IN_PRIORS], MF_FOLD_IN,
         [task(b) for b in valid_batches], valid_labels, kind=data.kind)
     fit, strength = min(losses, key=losses.get)
     model = models[fit]
 
     def predict(batch: Mapping) -> np.ndarray:
         return _clip(data.kind, task(batch).predict(model, strength))
-    return predict, {"factors": fit[0], "reg": fit[1], "fold_in": strength,
-                     "fold_in_prior": fit[2]}
+    return predict, {"factors": fit[0], "reg": fit[1], "item_bias": fit[2],
+                     "fold_in": strength, "fold_in_prior": fit[3]}
 
 
 @dataclasses.dataclass

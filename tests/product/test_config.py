@@ -33,6 +33,16 @@ def test_overrides_change_typed_values(tmp_path):
     assert config.run_dir == str(tmp_path)
 
 
+def test_the_item_bias_is_a_damping_or_fitted_and_loads_back(tmp_path):
+    """``model.prior.item_bias``: a number (a damping, held at the item's damped mean) or
+    the word ``fitted``; either survives a dump and load."""
+    for given, expected in (("10", 10.0), ("0", 0.0), ("fitted", "fitted"), ("null", None)):
+        config = load_config("movielens", [f"model.prior.item_bias={given}"], tuned=False)
+        assert config.model.prior.item_bias == expected
+        dump_config(config, tmp_path / "config.yaml")
+        assert load_config(tmp_path / "config.yaml", tuned=False) == config
+
+
 def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
     """``1e-4`` is a float in a ``--set`` value and in a pipeline file (YAML 1.1 would read
     it as the string '1e-4' and the rate would be refused as not a number)."""
@@ -112,6 +122,14 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
      "'model.prior.fold_in_prior' = 'flat' is not allowed: expected one of"),
     ("model.prior={feature: item_id, fold_in_prior: empirical}",
      "'model.prior.fold_in_prior' = 'empirical' is not allowed: expected None without "
+     "model.prior.factors"),
+    ("model.prior={feature: item_id, item_bias: held}",
+     "'model.prior.item_bias' = 'held' is not allowed: expected a number or one of "
+     "['fitted']"),
+    ("model.prior={feature: item_id, item_bias: -1}",
+     "'model.prior.item_bias' = -1.0 is not allowed: expected a number >= 0.0"),
+    ("model.prior={feature: item_id, item_bias: fitted}",
+     "'model.prior.item_bias' = 'fitted' is not allowed: expected None without "
      "model.prior.factors"),
     ("model.prior={feature: item_id, factors_in_output: false}",
      "'model.prior.factors_in_output' = False is not allowed: expected true without "

@@ -131,9 +131,9 @@ def test_a_factor_prior_left_to_choose_without_a_validation_split_is_refused(rat
     try:
         with pytest.raises(ConfigError, match=(
                 "'model.prior.damping' = None is not allowed without a validation split to "
-                "choose the factorisation's L2, fold-in strength and fold-in prior on .*: set "
-                "model.prior.damping, model.prior.fold_in and model.prior.fold_in_prior, e.g. "
-                "10, 3 and empirical$")):
+                "choose the factorisation's L2, item bias, fold-in strength and fold-in prior "
+                "on .*: set model.prior.damping, model.prior.item_bias, model.prior.fold_in "
+                "and model.prior.fold_in_prior, e.g. 10, fitted, 3 and empirical$")):
             fit_prior(prior, config)
     finally:
         os.chdir(cwd)
@@ -250,8 +250,8 @@ def test_the_factor_prior_is_the_factorisation_of_every_ranks_warm_rows(ratings_
     factorisation of all of them, at the L2 chosen on validation."""
     from gmeta_tf.data.schema import TASK_COLUMN
     from gmeta_tf.training.cold_start import restore_models
-    from gmeta_tf.training.references import (FOLD_IN_PRIORS, MF_FOLD_IN, MF_REGS,
-                                              FactorModel, rows_of)
+    from gmeta_tf.training.references import (FOLD_IN_PRIORS, MF_FOLD_IN, MF_ITEM_BIASES,
+                                              MF_REGS, FactorModel, rows_of)
 
     _, _, config, _ = ratings_run
     prior = restore_models(config)[0].model.tower.prior
@@ -261,10 +261,11 @@ def test_the_factor_prior_is_the_factorisation_of_every_ranks_warm_rows(ratings_
     assert float(prior.fold_in_strength().numpy()) in MF_FOLD_IN
     rows = rows_of(meta_io.TaskDataset(config.data.path, "warm", rank=0, size=1).rows(4096),
                    ["item_id", "rating", TASK_COLUMN])
-    als = FactorModel(rows[TASK_COLUMN], rows["item_id"], rows["rating"],
-                      factors=prior.factors, reg=reg)
-    # the items under the fold-in prior chosen with them (the same fit either way)
-    fitted, = [m for m in map(als.with_fold_in_prior, FOLD_IN_PRIORS)
+    # the items fitted with the item bias and under the fold-in prior chosen with them
+    fitted, = [m for bias in MF_ITEM_BIASES
+               for m in map(FactorModel(rows[TASK_COLUMN], rows["item_id"], rows["rating"],
+                                        factors=prior.factors, reg=reg,
+                                        item_bias=bias).with_fold_in_prior, FOLD_IN_PRIORS)
                if np.allclose(prior.values.numpy()[:-1], m.biases, atol=1e-4)]
     np.testing.assert_array_equal(prior.ids.numpy(), fitted.keys)
     np.testing.assert_allclose(prior.values.numpy()[-1], fitted.unknown_bias, atol=1e-6)

@@ -159,7 +159,8 @@ def test_factorisation_fold_in_learns_the_tasks_tastes_the_offset_model_cannot()
     data = ReferenceData("rating", "y", ("item",), ("item",))
     refs = fit_references(data, train, valid, tasks=True)
     name = "matrix factorisation fold-in"
-    assert set(refs.chosen[name]) == {"factors", "reg", "fold_in", "fold_in_prior"}
+    assert set(refs.chosen[name]) == {"factors", "reg", "item_bias", "fold_in",
+                                      "fold_in_prior"}
     truth = test["query"]["y"]
     mf = np.abs(refs.predictors[name](test) - truth).mean()
     offset = np.abs(refs.predictors["item mean + task offset"](test) - truth).mean()
@@ -180,6 +181,33 @@ def _two_taste_ratings(rng, v, tasks: int, rows: int):
     items = np.concatenate([rng.choice(40, rows, replace=False) for _ in range(tasks)])
     ratings = 3.0 + np.sum(v[items] * groups[task_ids % 2], axis=1)
     return task_ids, items, ratings
+
+
+def test_item_biases_held_at_damped_means_with_the_factors_fitted_around_them():
+    """``item_bias=d``: each item's bias is its damped mean residual, exactly, whatever
+    the factors do; the factors and task biases are fitted on what it leaves (they explain
+    the tastes: the training rows' error falls well below the biases' alone)."""
+    from gmeta_tf.training.references import FactorModel
+
+    rng = np.random.default_rng(3)
+    tasks, items, ratings = _two_taste_ratings(rng, rng.choice([-1.0, 1.0], (40, 2)), 80, 15)
+    ratings = ratings + 0.5 * (items % 3) - 0.5
+    held = FactorModel(tasks, items, ratings, factors=3, reg=3.0, item_bias=10.0)
+    residual = ratings - ratings.mean()
+    keys, of = np.unique(items, return_inverse=True)
+    np.testing.assert_array_equal(held.keys, keys)
+    np.testing.assert_allclose(held.biases, np.bincount(of, residual) / (np.bincount(of) + 10.0),
+                               rtol=1e-12)
+    fitted = FactorModel(tasks, items, ratings, factors=3, reg=3.0)
+    assert not np.allclose(fitted.biases, held.biases, atol=1e-3)
+    # the training tasks folded in from their own rows: the factors carry their tastes
+    task_rows = [np.flatnonzero(tasks == t) for t in range(80)]
+    fold = np.concatenate([held.fold_in(items[r][None], ratings[r][None], np.ones((1, 15)),
+                                        items[r][None], 1.0)[0] for r in task_rows])
+    order = np.concatenate(task_rows)
+    biases_alone = held.mean + held.item(items)[1]
+    assert (np.abs(fold - ratings[order]).mean()
+            < 0.5 * np.abs(biases_alone - ratings).mean())
 
 
 def test_the_empirical_fold_in_is_the_bayes_fit_under_the_training_tasks_moments():
