@@ -1,0 +1,122 @@
+"""The factorisation's item biases fitted with its factors against held at damped item
+means (``model.prior.item_bias``), on the cold users of converted ratings logs: the
+matrix-factorisation fold-in reference alone, no network trained.
+
+    python -m benchmarks.item_bias DIR [DIR ...]
+
+Each DIR is a log as ``benchmarks.ratings_route --data-only`` leaves it (``route.yaml`` and
+the converted ``data``). Per log, three ways to set the factorisation, each choosing the
+rest of its settings (L2 x fold-in prior x fold-in strength, ``references.MF_REGS`` x
+``FOLD_IN_PRIORS`` x ``MF_FOLD_IN``) by the fold-in's MAE on the validation users, as the
+reference and the factor prior do:
+
+- ``fitted``: the item biases fitted with the factors (the factorisation before
+  ``item_bias``);
+- ``held``: held at the damped item means, the damping (3, 10, 30) chosen likewise;
+- ``chosen``: whichever of the two has the lower validation loss (what the product does
+  with ``item_bias`` unset);
+- ``one_se``: ``held`` only where its validation loss is lower than ``fitted``'s by more
+  than one standard error of the paired difference (clustered by user), else ``fitted``.
+
+Reported: one JSON line per log, each way's settings, validation loss, and cold users' AUC,
+within-user AUC, nDCG@3 and MAE (``gmeta eval``'s metrics), and the validation gap and
+its standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from gmeta_tf.config import load_config  # noqa: E402
+from gmeta_tf.data.schema import TASK_COLUMN  # noqa: E402
+from gmeta_tf.meta.evaluation import report_from_rows  # noqa: E402
+from gmeta_tf.training import references as R  # noqa: E402
+from gmeta_tf.training.evaluation import split_dataset, task_batches  # noqa: E402
+
+HELD = tuple(b for b in R.MF_ITEM_BIASES if b != "fitted")
+
+
+class Split:
+    """A split's tasks as the fold-in reads them, and their query rows' labels and users."""
+
+    def __init__(self, config, split: str, feature: str, label: str):
+        batches = [{role: {k: np.asarray(v) for k, v in b[role].items()}
+                    for role in ("support", "query")}
+                   for b in task_batches(config, split, equal_steps=False)]
+        self.tasks = [R.FoldInTask.of(b, feature, label) for b in batches]
+        rows = R.query_rows(batches, [label, "label"])
+        self.labels, self.binary = rows[label], rows["label"]
+        self.users = np.concatenate([
+            np.broadcast_to(np.arange(len(t.real))[:, None] + 10_000 * i, t.real.shape)[t.real]
+            for i, t in enumerate(self.tasks)])
+
+    def predict(self, model: R.FactorModel, strength: float) -> np.ndarray:
+        return np.concatenate([t.predict(model, strength)[t.real] for t in self.tasks])
+
+    def figures(self, model: R.FactorModel, strength: float) -> dict:
+        pred = np.clip(self.predict(model, strength), 0.5, 5.0)
+        report = report_from_rows(self.users, pred, self.labels, self.binary, self.labels,
+                                  "rating", 3, True).overall
+        return {k: round(float(report[k]), 5) for k in ("auc", "task_auc", "ndcg@3", "mae")}
+
+
+def clustered_se(diff: np.ndarray, groups: np.ndarray) -> float:
+    _, group = np.unique(groups, return_inverse=True)
+    count = int(group.max()) + 1
+    scores = np.bincount(group, diff - diff.mean())
+    return float(np.sqrt(count / (count - 1) * np.dot(scores, scores)) / len(diff))
+
+
+def probe(work: Path) -> dict:
+    os.chdir(work)
+    config = load_config("route.yaml", [], tuned=False)
+    feature, label = config.model.prior.feature, config.model.head.label
+    train = R.rows_of(split_dataset(config, "warm").rows(4096), [feature, label, TASK_COLUMN])
+    labels = np.asarray(train[label], np.float64)
+    items = np.asarray(train[feature]).reshape(len(labels), -1)[:, 0]
+    tasks = np.asarray(train[TASK_COLUMN])
+    valid = Split(config, config.train.validation_split, feature, label)
+    cold = Split(config, config.eval.split, feature, label)
+    out: dict = {"bench": "item_bias", "log": str(work),
+                 "valid_users": len(np.unique(valid.users)),
+                 "cold_users": len(np.unique(cold.users))}
+    errors = {}
+    for name, biases in (("fitted", ("fitted",)), ("held", HELD)):
+        losses, models, _ = R.fold_in_grid(
+            R.factorisations(lambda s: R.FactorModel(tasks, items, labels, reg=s[0],
+                                                     item_bias=s[1])),
+            [(r, b, p) for r in R.MF_REGS for b in biases for p in R.FOLD_IN_PRIORS],
+            R.MF_FOLD_IN, valid.tasks, valid.labels)
+        setting, strength = min(losses, key=losses.get)
+        model = models[setting]
+        errors[name] = np.abs(valid.predict(model, strength) - valid.labels)
+        out[name] = {"setting": [*setting, strength],
+                     "valid_loss": round(losses[(setting, strength)], 5),
+                     "cold": cold.figures(model, strength)}
+    diff = errors["fitted"] - errors["held"]
+    out["valid_gap"], out["valid_se"] = float(diff.mean()), clustered_se(diff, valid.users)
+    out["chosen"] = "held" if out["held"]["valid_loss"] < out["fitted"]["valid_loss"] else "fitted"
+    out["one_se"] = "held" if out["valid_gap"] > out["valid_se"] else "fitted"
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", help="converted logs (benchmarks.ratings_route)")
+    args = parser.parse_args(argv)
+    here = Path.cwd()
+    for log in args.logs:
+        print(json.dumps(probe((here / log).resolve())), flush=True)
+        os.chdir(here)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
