@@ -88,3 +88,29 @@ def test_blends_are_the_blended_rows_weights_by_their_short_names():
             {"name": "reference: matrix factorisation fold-in"}]
     assert blends(rows) == {"meta": 0.6312, "baseline fine-tuned": 0.0}
     assert blends([{"name": "meta (maml, adapted k=5)"}]) == {}
+
+
+def test_the_route_benchmark_draws_its_log_and_copies_the_shipped_pipeline(tmp_path):
+    """``benchmarks.ratings_route``: a log's draw is fixed by its seed (the same users and
+    ratings each time), its ratings are half stars from 0.5 to 5, ``--rare-items 5`` gives
+    each item up to five ids by user and none otherwise; the pipeline it writes loads and
+    is ``pipelines/movielens.yaml``'s model and meta settings over the dataset."""
+    from benchmarks.ratings_route import write_log, write_pipeline
+
+    paths = [tmp_path / name for name in ("a.csv", "b.csv", "kept.csv")]
+    rows = [write_log(paths[0], 3, 40, 5), write_log(paths[1], 3, 40, 5),
+            write_log(paths[2], 3, 40, 0)]
+    assert rows[0] == rows[1] == rows[2] > 0 and paths[0].read_text() == paths[1].read_text()
+    rare, kept = (np.genfromtxt(p, delimiter=",", skip_header=1) for p in paths[::2])
+    assert len(np.unique(rare[:, 0])) == 40
+    assert set(np.unique(rare[:, 2])) <= set(HALF_STARS)
+    np.testing.assert_array_equal(rare[:, [0, 2, 3]], kept[:, [0, 2, 3]])
+    np.testing.assert_array_equal(rare[:, 1] // 10, kept[:, 1])
+    assert set(np.unique(rare[:, 1] % 10)) == {0, 1, 2, 3, 4}
+    write_pipeline(tmp_path / "route.yaml")
+    config = load_config(tmp_path / "route.yaml", tuned=False)
+    shipped = load_config("movielens", tuned=False)
+    assert config.data.source == "dataset" and config.model.item_features == ("movieId",)
+    assert config.model.prior.feature == "movieId" and config.model.user_features == ()
+    assert config.meta == shipped.meta and config.train == shipped.train
+    assert config.eval == shipped.eval
