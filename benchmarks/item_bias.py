@@ -39,7 +39,8 @@ from gmeta_tf.config import load_config  # noqa: E402
 from gmeta_tf.data.schema import TASK_COLUMN  # noqa: E402
 from gmeta_tf.meta.evaluation import report_from_rows  # noqa: E402
 from gmeta_tf.training import references as R  # noqa: E402
-from gmeta_tf.training.evaluation import split_dataset, task_batches  # noqa: E402
+from gmeta_tf.training.evaluation import (clustered_spread, split_dataset,  # noqa: E402
+                                          task_batches)
 
 HELD = tuple(b for b in R.MF_ITEM_BIASES if b != "fitted")
 
@@ -54,9 +55,8 @@ class Split:
         self.tasks = [R.FoldInTask.of(b, feature, label) for b in batches]
         rows = R.query_rows(batches, [label, "label"])
         self.labels, self.binary = rows[label], rows["label"]
-        self.users = np.concatenate([
-            np.broadcast_to(np.arange(len(t.real))[:, None] + 10_000 * i, t.real.shape)[t.real]
-            for i, t in enumerate(self.tasks)])
+        real = np.concatenate([t.real.sum(axis=1) for t in self.tasks])  # query rows a task
+        self.users = np.repeat(np.arange(len(real)), real)  # each row's task, in their order
 
     def predict(self, model: R.FactorModel, strength: float) -> np.ndarray:
         return np.concatenate([t.predict(model, strength)[t.real] for t in self.tasks])
@@ -66,13 +66,6 @@ class Split:
         report = report_from_rows(self.users, pred, self.labels, self.binary, self.labels,
                                   "rating", 3, True).overall
         return {k: round(float(report[k]), 5) for k in ("auc", "task_auc", "ndcg@3", "mae")}
-
-
-def clustered_se(diff: np.ndarray, groups: np.ndarray) -> float:
-    _, group = np.unique(groups, return_inverse=True)
-    count = int(group.max()) + 1
-    scores = np.bincount(group, diff - diff.mean())
-    return float(np.sqrt(count / (count - 1) * np.dot(scores, scores)) / len(diff))
 
 
 def probe(work: Path) -> dict:
@@ -102,7 +95,8 @@ def probe(work: Path) -> dict:
                      "valid_loss": round(losses[(setting, strength)], 5),
                      "cold": cold.figures(model, strength)}
     diff = errors["fitted"] - errors["held"]
-    out["valid_gap"], out["valid_se"] = float(diff.mean()), clustered_se(diff, valid.users)
+    out["valid_gap"] = float(diff.mean())
+    out["valid_se"] = clustered_spread(diff - diff.mean(), valid.users) / len(diff)
     out["chosen"] = "held" if out["held"]["valid_loss"] < out["fitted"]["valid_loss"] else "fitted"
     out["one_se"] = "held" if out["valid_gap"] > out["valid_se"] else "fitted"
     return out

@@ -171,12 +171,22 @@ def chosen_blend(adapted: np.ndarray, fold_in: np.ndarray, labels: np.ndarray,
     residual = np.asarray(labels, np.float64) - fold_in
     fitted = float(np.dot(residual, diff)) / denominator
     groups = np.arange(len(diff)) if groups is None else np.asarray(groups)
-    _, group = np.unique(groups, return_inverse=True)
-    count = int(group.max()) + 1
-    scores = np.bincount(group, weights=diff * (residual - fitted * diff), minlength=count)
-    error = (float(np.sqrt(count / (count - 1) * np.dot(scores, scores))) / denominator
-             if count > 1 else 0.0)
+    error = clustered_spread(diff * (residual - fitted * diff), groups) / denominator
     return float(np.clip(np.clip(EQUAL_BLEND, fitted - error, fitted + error), 0.0, 1.0))
+
+
+def clustered_spread(scores: np.ndarray, groups: np.ndarray) -> float:
+    """The cluster-robust (sandwich) spread of a sum of per-row ``scores`` whose rows
+    depend on each other within a group (a user's rows): ``sqrt(G / (G - 1) * sum over
+    the G groups of (the group's summed scores) ** 2)``; 0 with one group. An estimate's
+    standard error is this over the derivative of its estimating equation (a mean's: the
+    rows, its scores the rows' deviations from it)."""
+    _, group = np.unique(groups, return_inverse=True)
+    count = int(group.max()) + 1 if len(group) else 0
+    if count < 2:
+        return 0.0
+    sums = np.bincount(group, weights=scores, minlength=count)
+    return float(np.sqrt(count / (count - 1) * np.dot(sums, sums)))
 
 
 def baseline_ridge(config: PipelineConfig) -> float:

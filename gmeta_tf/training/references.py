@@ -67,7 +67,6 @@ FOLD_IN_PRIORS = ("isotropic", "empirical")
 # damped by each count (FactorModel's item_bias)
 MF_ITEM_BIASES = ("fitted", 3.0, 10.0, 30.0)
 _EPS = 1e-3
-_PINNED = 1e12  # a ridge strength that holds a coefficient at 0
 
 
 def sorted_lookup(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -327,18 +326,19 @@ class _Groups(NamedTuple):
 
 
 def _ridge_per_group(groups: _Groups, factors: np.ndarray, targets: np.ndarray,
-                     penalty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     penalty: np.ndarray, bias: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """One side's half-step of alternating least squares: for every group of rows, the
-    ridge fit of ``targets`` on ``[factors, 1]`` (the other side's factors of each row):
-    ``(factors [G, f], biases [G])``. The groups of a batch are solved together, their
-    padding zero rows (a zero row adds nothing to ``x^T x`` or ``x^T y``)."""
-    x = np.hstack([factors, np.ones((len(factors), 1))])
+    ridge fit of ``targets`` on ``[factors, 1]`` (the other side's factors of each row;
+    on ``factors`` alone without ``bias``, the biases then 0): ``(factors [G, f], biases
+    [G])``. The groups of a batch are solved together, their padding zero rows (a zero
+    row adds nothing to ``x^T x`` or ``x^T y``)."""
+    x = np.hstack([factors, np.ones((len(factors), 1))]) if bias else factors
     out = np.zeros((groups.count, penalty.shape[0]))
     for members, real, rows in groups.batches:
         xs_t = (x[rows] * real[..., None]).transpose(0, 2, 1)
         gram = xs_t @ xs_t.transpose(0, 2, 1) + penalty
         out[members] = np.linalg.solve(gram, xs_t @ (targets[rows] * real)[..., None])[..., 0]
-    return out[:, :-1], out[:, -1]
+    return (out[:, :-1], out[:, -1]) if bias else (out, np.zeros(groups.count))
 
 
 class FactorModel:
@@ -376,20 +376,20 @@ class FactorModel:
         eye = reg * np.eye(factors + 1)
         targets = labels - self.mean
         held = item_bias != "fitted"
-        if held:
+        if held:  # the items' half-step fits the factors alone, on what the held bias leaves
             b_item = (np.bincount(item_of, targets, len(self.keys))
                       / (np.bincount(item_of, minlength=len(self.keys)) + float(item_bias)))
-            item_eye = eye.copy()
-            item_eye[-1, -1] = _PINNED  # the items' half-step fits no bias beside the held one
+            held_targets = targets - b_item[item_of]
         else:
-            b_item, item_eye = np.zeros(len(self.keys)), eye
+            b_item = np.zeros(len(self.keys))
         for _ in range(sweeps):
             p, b_task = _ridge_per_group(by_task, q[item_of], targets - b_item[item_of], eye)
-            q, fitted = _ridge_per_group(by_item, p[task_of],
-                                         targets - b_item[item_of] * held - b_task[task_of],
-                                         item_eye)
-            if not held:
-                b_item = fitted
+            if held:
+                q, _ = _ridge_per_group(by_item, p[task_of], held_targets - b_task[task_of],
+                                        eye[1:, 1:], bias=False)
+            else:
+                q, b_item = _ridge_per_group(by_item, p[task_of], targets - b_task[task_of],
+                                             eye)
         self.factors, self.biases = q, b_item
         # the tasks' half-step against the final items: the training tasks as fitted
         p, b_task = _ridge_per_group(by_task, q[item_of], targets - b_item[item_of], eye)
