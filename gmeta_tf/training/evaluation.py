@@ -38,6 +38,7 @@ from gmeta_tf.meta.paired import LOWER_IS_BETTER, paired_gaps
 from gmeta_tf.meta.task_adapter import DIVERGED_LOSS_RATIO
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.model_builder import Models
+from gmeta_tf.training.prior_fit import held_out_protocol
 from gmeta_tf.training.references import ReferenceData, fit_references
 
 log = logging.getLogger(__name__)
@@ -736,7 +737,8 @@ def fit_reference_predictors(models: Models, config: PipelineConfig):
     else:
         valid = list(row_batches(config, split))
     return fit_references(data, train, valid, tasks, seed=config.model.seed,
-                          members=config.model.members)
+                          members=config.model.members,
+                          held_out=held_out_protocol(config) if tasks else None)
 
 
 def comparison_dict(rows: list[ComparedRow]) -> list[dict]:

@@ -20,8 +20,11 @@ fold-in prior and how an item's bias is fitted, unless configured, are the ones 
 fit of its support rows at the fold-in strength, on the items' factors at the L2, their
 biases fitted with the factors or held at damped item means, under the isotropic or the
 empirical-Bayes prior) has the lowest
-loss on the validation tasks' query rows, each rank scoring its own: the factorisation
-reference's search (``references.fold_in_grid``), its losses summed over the ranks. The
+loss on the validation tasks' query rows, each rank scoring its own, pooled with the query
+rows of the training tasks held out in turn (``references.HeldOutProtocol``: five folds,
+the factorisation fitted without each, its tasks folded in as validation tasks are; the
+same on every rank): the factorisation reference's search (``references.held_out_grid``),
+the validation losses summed over the ranks. The
 prior's factors and biases are the items' under the chosen prior
 (``FactorModel.with_fold_in_prior``), so the tower's fold-in and its ridge solve shrink a
 new task as the reference does.
@@ -42,9 +45,9 @@ from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.data.schema import TASK_COLUMN
 from gmeta_tf.models.label_prior import MAX_FACTOR_NORM, LabelPrior
 from gmeta_tf.training.references import (DAMPINGS, FOLD_IN_PRIORS, MF_FOLD_IN,
-                                          MF_ITEM_BIASES, MF_REGS, FactorModel, FeatureMean, FoldInTask,
-                                          factorisations, fold_in_grid, loss_of,
-                                          query_rows, rows_of)
+                                          MF_ITEM_BIASES, MF_REGS, FactorModel, FeatureMean,
+                                          FoldInTask, HeldOutProtocol, held_out_grid,
+                                          loss_of, query_rows, rows_of)
 
 log = logging.getLogger(__name__)
 _ROWS_PER_READ = 4096
@@ -72,6 +75,19 @@ def _shard_rows(config: PipelineConfig, split: str, names: list[str],
     if query_only:
         return query_rows(_shard_tasks(config, split, names), names)
     return rows_of(_dataset(config, split, names).rows(_ROWS_PER_READ), names + [TASK_COLUMN])
+
+
+def held_out_protocol(config: PipelineConfig) -> HeldOutProtocol:
+    """The validation tasks' protocol, for the training tasks the factorisation holds out
+    to choose its settings on (``references.HeldOutProtocol``): the dataset's split (its
+    query rows a task, the fewest and most rows of a scored task, its seed) and the
+    batches' support and query slots."""
+    recorded = meta_io.Manifest.load(config.data.path).split or {}
+    d = config.data
+    query = min(q for q in (recorded.get("query_size"), d.query, 1 << 30) if q is not None)
+    return HeldOutProtocol(query=int(query), support=int(d.support or 1 << 30),
+                           min_rows=int(recorded.get("min_rows") or query + 1),
+                           max_rows=recorded.get("max_rows"), seed=int(recorded.get("seed", 0)))
 
 
 def _read_validation(read: Callable[[], T], what: str, setting: str,
@@ -122,25 +138,35 @@ def _validation_losses(kind: str, mean: FeatureMean, valid: dict[str, np.ndarray
             int(total))
 
 
-def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
-                 ) -> dict[tuple[float, float], float]:
-    """Fits a prior with factors (see the module docstring); returns the validation loss
-    of each ((L2, item bias, fold-in prior), fold-in strength) tried (empty when
-    ``model.prior.damping``, ``fold_in``, ``fold_in_prior`` and ``item_bias`` are all set)."""
-    label, feature = config.model.head.label, prior.feature
+def _factor_rows(config: PipelineConfig, train: dict
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every rank's training rows of the factor prior, ``(tasks, items, labels)``, in the
+    same order on every rank."""
+    label, feature = config.model.head.label, config.model.prior.feature
     tasks, items = (distributed.allgather(np.asarray(train[k]).astype(np.int64))
                     for k in (TASK_COLUMN, feature))
     labels = distributed.allgather(np.asarray(train[label], np.float64))
     if not len(labels):
-        raise ConfigError(f"config key 'model.prior.factors' = {prior.factors} is not "
-                          f"allowed: the training split has no rows to factorise")
+        raise ConfigError(f"config key 'model.prior.factors' = {config.model.prior.factors} "
+                          f"is not allowed: the training split has no rows to factorise")
+    return tasks, items, labels
+
+
+def _choose_factors(config: PipelineConfig, tasks: np.ndarray, items: np.ndarray,
+                    labels: np.ndarray):
+    """The factor prior's L2, item bias, fold-in prior and fold-in strength, each the
+    configured one or, unset, chosen (see the module docstring): ``((reg, item_bias,
+    fold_in_prior, strength), the loss of each ((L2, item bias, prior), strength) tried
+    (empty when nothing was left to choose), the factorisation of every row under the
+    choice, and a function of (rows, L2, item bias) fitting rows under them)``."""
+    section = config.model.prior
+    label, feature = config.model.head.label, section.feature
 
     def fit(rows, reg, item_bias):
-        return FactorModel(tasks[rows], items[rows], labels[rows], factors=prior.factors,
+        rows = slice(None) if rows is None else rows
+        return FactorModel(tasks[rows], items[rows], labels[rows], factors=section.factors,
                            reg=reg, item_bias=item_bias)
 
-    every = np.ones(len(labels), bool)
-    section = config.model.prior
     reg, strength, losses = section.damping, section.fold_in, {}
     fold_in_prior, item_bias = section.fold_in_prior, section.item_bias
     split = config.train.validation_split
@@ -156,22 +182,57 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
                       for role in ("support", "query")}
                      for batch in _shard_tasks(config, split, names)],
             what, setting, key=unset)
-        losses, models, rows = fold_in_grid(
-            factorisations(lambda setting: fit(every, *setting)),
+        losses, models, rows = held_out_grid(
+            lambda rows, setting: fit(rows, *setting),
             [(r, b, p) for r in (MF_REGS if reg is None else (reg,))
              for b in (MF_ITEM_BIASES if item_bias is None else (item_bias,))
              for p in (FOLD_IN_PRIORS if fold_in_prior is None else (fold_in_prior,))],
             MF_FOLD_IN if strength is None else (strength,),
             [FoldInTask.of(b, feature, label) for b in valid],
-            query_rows(valid, [label])[label], total=distributed.sum_over_ranks)
+            query_rows(valid, [label])[label],
+            held_out_protocol(config).folds_of(tasks, items, labels),
+            total=distributed.sum_over_ranks)
         if not rows:
-            raise ConfigError(f"config key 'model.prior.{unset}' = None is not allowed: the "
-                              f"validation split {split!r} has no query rows to choose "
-                              f"{what} on; set {setting}")
+            raise ConfigError(f"config key 'model.prior.{unset}' = None is not allowed: "
+                              f"neither the validation split {split!r} nor a training task "
+                              f"held out has query rows to choose {what} on; set {setting}")
         (reg, item_bias, fold_in_prior), strength = min(losses, key=losses.get)
         whole = models[(reg, item_bias, fold_in_prior)]
     else:
-        whole = fit(every, reg, item_bias).with_fold_in_prior(fold_in_prior)
+        whole = fit(None, reg, item_bias).with_fold_in_prior(fold_in_prior)
+    return (reg, item_bias, fold_in_prior, strength), losses, whole, fit
+
+
+def chosen_factor_settings(config: PipelineConfig) -> dict[str, object]:
+    """The factor prior's settings its fit chooses where the config leaves them unset
+    (``model.prior.damping``, ``item_bias``, ``fold_in_prior``, ``fold_in`` -> value),
+    chosen once here, in one process reading the whole training split: ``gmeta tune``
+    gives them to every trial and writes them with its choices, so the trials and the
+    runs after them share one choice instead of each making it again. Empty without
+    factors or with all four set."""
+    section = config.model.prior
+    keys = ("damping", "item_bias", "fold_in_prior", "fold_in")
+    if section is None or not section.factors or all(
+            getattr(section, k) is not None for k in keys):
+        return {}
+    names = [section.feature, config.model.head.label]
+    train = _shard_rows(config, "warm", names, query_only=False)
+    chosen, losses, _, _ = _choose_factors(config, *_factor_rows(config, train))
+    log.info("the factor prior's settings, chosen once for every run: %s",
+             dict(zip(keys, chosen)))
+    return {f"model.prior.{k}": v for k, v in zip(keys, chosen)
+            if getattr(section, k) is None}
+
+
+def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
+                 ) -> dict[tuple[float, float], float]:
+    """Fits a prior with factors (see the module docstring); returns the loss of each ((L2,
+    item bias, fold-in prior), fold-in strength) tried (empty when ``model.prior.damping``,
+    ``fold_in``, ``fold_in_prior`` and ``item_bias`` are all set)."""
+    feature = prior.feature
+    tasks, items, labels = _factor_rows(config, train)
+    (reg, item_bias, fold_in_prior, strength), losses, whole, fit = _choose_factors(
+        config, tasks, items, labels)
     keys = whole.keys
     folds = [fit(np.mod(tasks, prior.folds) != k, reg, item_bias)
              .with_fold_in_prior(fold_in_prior)
@@ -200,7 +261,8 @@ def _fit_factors(prior: LabelPrior, config: PipelineConfig, train: dict
                                      f"RMS norm capped at {MAX_FACTOR_NORM:g})",
              f"training rows read it out of {prior.folds} folds of tasks"
              if folds else "training rows read it with their own labels",
-             f" (validation fold-in MAE per ((L2, item bias, prior), strength): "
+             f" (fold-in MAE on the validation and held-out training tasks per ((L2, item "
+             f"bias, prior), strength): "
              f"{ {k: round(v, 5) for k, v in losses.items()} })" if losses else "")
     return losses
 

@@ -48,6 +48,7 @@ from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 import numpy as np
 
 from gmeta_tf.data.schema import TASK_COLUMN
+from gmeta_tf.data.split import mix64
 from gmeta_tf.meta import metrics
 from gmeta_tf.models.ensemble_tower import MEMBER_SEED_STRIDE
 
@@ -66,6 +67,9 @@ FOLD_IN_PRIORS = ("isotropic", "empirical")
 # how the factorisation fits an item's bias: with the factors, or held at its mean residual
 # damped by each count (FactorModel's item_bias)
 MF_ITEM_BIASES = ("fitted", 3.0, 10.0, 30.0)
+#: Folds of the training tasks, each held out in turn (the factorisation fitted without it)
+#: to score the factorisation's settings beside the validation split (``HeldOutProtocol``).
+MF_HELD_OUT_FOLDS = 5
 _EPS = 1e-3
 
 
@@ -518,6 +522,107 @@ def fold_in_grid(fit: Callable[[Hashable], FactorModel], regs: Iterable[Hashable
     return {k: float(loss) for k, loss in zip(keys, losses)}, models, n
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldOutProtocol:
+    """How training tasks are held out to score the factorisation's settings beside the
+    validation split: each task of ``min_rows`` to ``max_rows`` rows falls in one of
+    ``folds`` folds (by a hash of its id and ``seed``); with a fold held out, the
+    factorisation is fitted on the other tasks' rows, and each held-out task is folded in
+    from ``support`` of its rows at most and scored on ``query`` others (its rows ordered by
+    a hash of the item, so the same rows are chosen in whatever order they were read), as
+    a validation task is. A validation split holds a tenth of the warm tasks, a few dozen
+    on a small log: too few to tell the factorisation's settings apart; the held-out
+    folds add every other training task of the protocol's size. ``folds`` < 2: none."""
+
+    query: int
+    support: int
+    min_rows: int
+    max_rows: int | None = None
+    folds: int = MF_HELD_OUT_FOLDS
+    seed: int = 0
+
+    def folds_of(self, tasks: np.ndarray, items: np.ndarray, labels: np.ndarray
+                 ) -> list[tuple[np.ndarray, FoldInTask, np.ndarray]]:
+        """Per fold: the training rows to fit on (a mask), its held-out tasks as one
+        ``FoldInTask`` and their query rows' labels (in ``FoldInTask.real`` order)."""
+        if self.folds < 2 or self.query < 1 or not len(tasks):
+            return []
+        tasks = np.asarray(tasks).astype(np.int64)
+        items = np.asarray(items).astype(np.int64)
+        labels = np.asarray(labels, np.float64)
+        key = mix64(np.array([self.seed], np.int64).view(np.uint64))[0]
+        order = np.lexsort((labels, mix64(items.view(np.uint64) ^ mix64(tasks.view(
+            np.uint64) ^ key)), tasks))
+        sorted_tasks = tasks[order]
+        starts = np.flatnonzero(np.r_[True, sorted_tasks[1:] != sorted_tasks[:-1]])
+        sizes = np.diff(np.r_[starts, len(order)])
+        rank = np.arange(len(order)) - np.repeat(starts, sizes)
+        task_keys = sorted_tasks[starts]
+        eligible = (sizes >= max(self.min_rows, self.query + 1)) & (
+            sizes <= (self.max_rows if self.max_rows is not None else np.inf))
+        fold_of_task = np.where(
+            eligible, (mix64(task_keys.view(np.uint64) ^ mix64(key)) % np.uint64(self.folds))
+            .astype(np.int64), -1)
+        fold_of_row = np.repeat(fold_of_task, sizes)
+        out = []
+        for fold in range(self.folds):
+            members = np.flatnonzero(fold_of_task == fold)
+            if not len(members):
+                continue
+            slot = np.full(len(task_keys), -1)
+            slot[members] = np.arange(len(members))
+            row_slot = np.repeat(slot, sizes)
+            query = (fold_of_row == fold) & (rank < self.query)
+            support = (fold_of_row == fold) & (rank >= self.query) & (
+                rank < self.query + self.support)
+            width = int(min(self.support, sizes[members].max() - self.query))
+            t = len(members)
+            support_ids = np.zeros((t, width), np.int64)
+            support_labels, mask = np.zeros((t, width)), np.zeros((t, width))
+            query_ids, real = np.zeros((t, self.query), np.int64), np.zeros((t, self.query), bool)
+            rows_s, rows_q = order[support], order[query]
+            at_s = (row_slot[support], rank[support] - self.query)
+            at_q = (row_slot[query], rank[query])
+            support_ids[at_s], support_labels[at_s], mask[at_s] = items[rows_s], labels[rows_s], 1.0
+            query_ids[at_q], real[at_q] = items[rows_q], True
+            query_labels = np.zeros((t, self.query))
+            query_labels[at_q] = labels[rows_q]
+            keep = np.ones(len(tasks), bool)
+            keep[order[fold_of_row == fold]] = False
+            out.append((keep, FoldInTask(support_ids, query_ids, support_labels, mask, real),
+                        query_labels[real]))
+        return out
+
+
+def held_out_grid(fit: Callable[[np.ndarray | None, Hashable], FactorModel],
+                  settings: Iterable[Hashable], strengths: Iterable[float],
+                  tasks: list[FoldInTask], labels: np.ndarray,
+                  held_out: list[tuple[np.ndarray, FoldInTask, np.ndarray]],
+                  total: Callable[[np.ndarray], np.ndarray] | None = None,
+                  kind: str = "rating"
+                  ) -> tuple[dict[tuple[Hashable, float], float], dict[Hashable, FactorModel],
+                             int]:
+    """``fold_in_grid`` of ``fit(None, setting)`` (the factorisation of every training row)
+    on the validation ``tasks``, pooled with each held-out fold's (``HeldOutProtocol
+    .folds_of``: the fold's tasks folded into ``fit(rows, setting)``, fitted without
+    them): each pair's loss over the validation and held-out query rows together, and the
+    factorisations of every row. The held-out folds are the same on every rank (every rank
+    holds every training row), so only the validation losses are summed by ``total``."""
+    settings, strengths = list(settings), list(strengths)
+    losses, models, rows = fold_in_grid(factorisations(lambda s: fit(None, s)), settings,
+                                        strengths, tasks, labels, total=total, kind=kind)
+    sums = {key: loss * rows for key, loss in losses.items()}
+    for keep, fold_task, fold_labels in held_out:
+        fold_losses, _, n = fold_in_grid(
+            factorisations(lambda s, keep=keep: fit(keep, s)), settings, strengths,
+            [fold_task], fold_labels, kind=kind)
+        for key, loss in fold_losses.items():
+            sums[key] += loss * n
+        rows += n
+    return ({key: float(v / rows) if rows else 0.0 for key, v in sums.items()}, models,
+            rows)
+
+
 def _query_loss(predict: Predict, valid_batches: list[Mapping], valid_labels: np.ndarray,
                 kind: str) -> float:
     """``loss_of`` a task predictor on the real query rows of the validation batches."""
@@ -528,22 +633,30 @@ def _query_loss(predict: Predict, valid_batches: list[Mapping], valid_labels: np
 
 def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
                       labels: np.ndarray, valid_batches: list[Mapping],
-                      valid_labels: np.ndarray, items: np.ndarray, seed: int):
+                      valid_labels: np.ndarray, items: np.ndarray, seed: int,
+                      held_out: HeldOutProtocol | None = None):
     """The factorisation fold-in reference, its width, ``reg``, item bias, fold-in prior and
-    ``fold_in`` chosen on validation
-    (``fold_in_grid``): ``(predict, settings)``. ``items``: the training rows' reference ids."""
+    ``fold_in`` chosen on validation and the training tasks ``held_out`` in turn
+    (``held_out_grid``): ``(predict, settings)``. ``items``: the training rows' reference
+    ids."""
     def task(batch: Mapping) -> FoldInTask:  # NumPy or tensors; a multi-slot id's first slot
         return FoldInTask.of(_first_slot(_numpy(batch), data), data.feature, data.label)
 
     task_ids = np.asarray(train[TASK_COLUMN])
     widths = MF_FACTORS_CLICKS if data.kind == "binary" else (MF_FACTORS,)
     regs = MF_REGS_CLICKS if data.kind == "binary" else MF_REGS
-    losses, models, _ = fold_in_grid(
-        factorisations(lambda fit: FactorModel(task_ids, items, labels, factors=fit[0],
-                                               reg=fit[1], seed=seed, item_bias=fit[2])),
-        [(w, r, b, p) for w in widths for r in regs for b in MF_ITEM_BIASES
-         for p in FOLD_IN_PRIORS], MF_FOLD_IN,
-        [task(b) for b in valid_batches], valid_labels, kind=data.kind)
+
+    def fit(rows: np.ndarray | None, setting: tuple) -> FactorModel:
+        rows = slice(None) if rows is None else rows
+        return FactorModel(task_ids[rows], items[rows], labels[rows], factors=setting[0],
+                           reg=setting[1], seed=seed, item_bias=setting[2])
+
+    losses, models, _ = held_out_grid(
+        fit, [(w, r, b, p) for w in widths for r in regs for b in MF_ITEM_BIASES
+              for p in FOLD_IN_PRIORS], MF_FOLD_IN,
+        [task(b) for b in valid_batches], valid_labels,
+        held_out.folds_of(task_ids, items, labels) if held_out is not None else [],
+        kind=data.kind)
     fit, strength = min(losses, key=losses.get)
     model = models[fit]
 
@@ -576,7 +689,7 @@ def _task_predict(fn: Callable[[Mapping], np.ndarray]) -> Predict:
 
 def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
                    valid_batches: list[Mapping], tasks: bool, seed: int = 0,
-                   members: int = 1) -> References:
+                   members: int = 1, held_out: HeldOutProtocol | None = None) -> References:
     """Fits every reference on the training rows, choosing its settings on validation.
 
     Args:
@@ -589,6 +702,8 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         members: The linear model is the mean of this many fits, seeded ``seed``,
             ``seed + 1000``, ...: as many as the model's ensemble has members
             (``model.members``), so that the reference is averaged as the model is.
+        held_out: How the factorisation holds out training tasks to choose its settings
+            on beside the validation split (None: on the validation split alone).
     """
     names = {data.label, *data.candidates, *data.sparse, *data.dense}
     batches = iter(train_batches)
@@ -642,7 +757,7 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
             name = "matrix factorisation fold-in"
             predictors[name], chosen[name] = _fit_factor_model(
                 data, train, labels, valid_batches, valid_labels, first(train[data.feature]),
-                seed)
+                seed, held_out)
     if data.kind == "binary":
         fits = [fit_linear(data, train, valid_rows, seed=seed + MEMBER_SEED_STRIDE * m)
                 for m in range(members)]

@@ -39,6 +39,12 @@ trial gives every table the rate most of them share (``pipeline_table_rate``). A
 CTR pipeline (``meta.enabled: false``) searches its learning rate, its tables' learning
 rate, its batch size and its embedding width.
 
+A factor prior's settings that the pipeline leaves unset (``model.prior.damping``,
+``item_bias``, ``fold_in_prior``, ``fold_in``) depend on no searched setting: they are
+chosen once before the trials (``prior_fit.chosen_factor_settings``, on the validation
+split and training tasks held out in turn), given to every trial and written with the
+rest.
+
 The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train``,
 ``eval`` and ``export`` of that pipeline apply (below any ``--set``); every trial goes to
 ``<run_dir>/tune/trials.json``. Before any trial the pipeline's dataset is made (or the
@@ -66,6 +72,7 @@ from gmeta_tf.config import (TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConf
                              baseline_embedding_l2, load_config, override_value,
                              ridge_applies)
 from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, baseline_ridge, selection_metric
+from gmeta_tf.training.prior_fit import chosen_factor_settings
 
 log = logging.getLogger(__name__)
 MULTI_STEP_LOSS = [0, 100, 200, 300]
@@ -311,6 +318,9 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
     for name, study in studies.items():
         study.enqueue_trial(pipeline_params(name if config.meta.enabled else "ctr", config))
     check_data(config, np_)
+    # the factor prior's settings do not depend on any searched one: chosen once, here
+    prior = chosen_factor_settings(config)
+    overrides = [*overrides, *(f"{key}={value}" for key, value in prior.items())]
     root = Path(config.run_dir) / "tune"
     root.mkdir(parents=True, exist_ok=True)
     results: list[TrialResult] = []
@@ -358,7 +368,7 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
                         "incumbent_margin": margin,
                         "best_step": best.best_steps.get(name), "settings": best.settings[name]}
     summary = {"metric": metric, "trials": trials, "rechecks": rechecks, "chosen": chosen,
-               "split": config.train.validation_split, "world_size": np_}
+               "split": config.train.validation_split, "world_size": np_, "prior": prior}
     write_tuned(config, summary)
     return summary
 
@@ -483,8 +493,9 @@ def _write_trials(path: Path, metric: str, results: list[TrialResult]) -> None:
 def write_tuned(config: PipelineConfig, summary: dict) -> Path:
     """Writes the chosen settings as a nested YAML mapping ``<run_dir>/tuned.yaml``."""
     nested: dict = {}
-    for chosen in summary["chosen"].values():
-        for key, value in chosen["settings"].items():
+    for settings in [c["settings"] for c in summary["chosen"].values()] + [
+            summary.get("prior", {})]:
+        for key, value in settings.items():
             node = nested
             *parents, leaf = key.split(".")
             for p in parents:
@@ -498,6 +509,10 @@ def write_tuned(config: PipelineConfig, summary: dict) -> Path:
               + ("" if c.get("incumbent_margin") is None else
                  f"; a challenger had to beat trial 0 by {c['incumbent_margin']:.4f}") + ")"
               for n, c in summary["chosen"].items()]
+    if summary.get("prior"):
+        lines.append("#   the factor prior (model.prior): chosen once before the trials, by "
+                     "its fold-in's loss on the validation split and on training tasks held "
+                     "out in turn; every trial used it")
     nested[TUNED_AT_KEY] = {"world_size": summary["world_size"]}
     text = "\n".join(lines) + "\n" + yaml.safe_dump(nested, sort_keys=True)
     path = Path(config.run_dir) / TUNED_FILE

@@ -122,8 +122,12 @@ def test_a_factor_prior_left_to_choose_without_a_validation_split_is_refused(rat
     from gmeta_tf.training.prior_fit import fit_prior
 
     work, _, config, _ = ratings_run
+    # the settings gmeta tune chose (tuned.yaml) unset again, as before a tune
+    unset = dataclasses.replace(config.model.prior, damping=None, item_bias=None,
+                                fold_in=None, fold_in_prior=None)
     config = dataclasses.replace(
-        config, train=dataclasses.replace(config.train, validation_split="absent"))
+        config, train=dataclasses.replace(config.train, validation_split="absent"),
+        model=dataclasses.replace(config.model, prior=unset))
     section = config.model.prior
     prior = LabelPrior(section.feature, "rating", folds=section.folds, factors=section.factors)
     cwd = Path.cwd()
@@ -213,7 +217,8 @@ def test_validation_scores_an_undone_task_unadapted_and_unblended_as_it_is_serve
     for kept, unblended, unadapted_rows in zip(rows["kept"], rows["unblended"],
                                                rows["unadapted"]):
         assert 0 < kept.sum() < len(kept)  # the poisoned user, and only it, was undone
-        np.testing.assert_array_equal(unblended[~kept], unadapted_rows[~kept])
+        # the same outputs, by two graphs (float32 rounding may differ in the last bit)
+        np.testing.assert_allclose(unblended[~kept], unadapted_rows[~kept], rtol=1e-6)
     kept_all = np.concatenate(rows["kept"])
     blend = chosen_blend(*(np.concatenate(rows[k])[kept_all]
                            for k in ("unblended", "fold_in", "label", "task")))

@@ -111,7 +111,14 @@ def test_the_header_commands_train_on_two_ranks_and_compare_on_cold_users(rating
     assert manifest["split"]["rows_in"] == rows  # every line of the log read
     assert {f["split"] for f in manifest["files"]} >= {"warm", "valid", "cold"}
     assert json.loads((run / "train_summary.json").read_text())["world_size"] == 2
-    assert (run / "tuned.yaml").is_file()
+    # The factor prior's settings, left to choose by the pipeline, were chosen once before
+    # the trials (on validation and held-out training users), every trial used them, and
+    # tuned.yaml carries them to train and eval.
+    tuned = yaml.safe_load((run / "tuned.yaml").read_text())
+    prior = tuned["model"]["prior"]
+    assert set(prior) == {"damping", "item_bias", "fold_in_prior", "fold_in"}
+    trial = yaml.safe_load((run / "tune" / "trial-0" / "config.yaml").read_text())
+    assert {k: trial["model"]["prior"][k] for k in prior} == prior
     cold = json.loads((run / "eval" / "cold.json").read_text())
     names = [r["name"] for r in cold["rows"]]
     assert names[0].startswith("meta (maml") and any(n.startswith("baseline fine-tuned")

@@ -338,3 +338,85 @@ def test_the_batched_least_squares_solve_each_groups_own_ridge_fit(monkeypatch):
         np.testing.assert_allclose(got_factors[g], want[:-1], atol=1e-12)
         np.testing.assert_allclose(got_biases[g], want[-1], atol=1e-12)
     assert not got_factors[1].any() and got_biases[1] == 0.0  # no rows: the prior's 0
+
+
+def _rated(rng, tasks: int, low: int, high: int):
+    """Rows of ``tasks`` tasks, each of ``low``..``high`` distinct items of 60."""
+    sizes = rng.integers(low, high + 1, tasks)
+    task_ids = np.repeat(np.arange(tasks) * 7 + 3, sizes)
+    items = np.concatenate([rng.choice(60, n, replace=False) for n in sizes])
+    return task_ids, items, rng.integers(1, 6, len(items)).astype(np.float64)
+
+
+def test_held_out_folds_hold_each_task_of_the_protocols_size_out_once_as_validation_is():
+    """Every task of ``min_rows``..``max_rows`` rows is held out in exactly one fold, with
+    ``query`` of its rows to score and at most ``support`` others to fold in from; the fold
+    is fitted on every other row; the same rows are chosen whatever order they come in."""
+    from gmeta_tf.training.references import HeldOutProtocol
+
+    rng = np.random.default_rng(0)
+    tasks, items, labels = _rated(rng, 90, 8, 40)
+    protocol = HeldOutProtocol(query=4, support=20, min_rows=10, max_rows=35, folds=3)
+    folds = protocol.folds_of(tasks, items, labels)
+    assert len(folds) == 3
+    sizes = dict(zip(*np.unique(tasks, return_counts=True)))
+    held = []
+    for keep, task, query_labels in folds:
+        out = np.unique(tasks[~keep])
+        held += list(out)
+        assert task.real.shape == (len(out), 4) and task.real.all()
+        assert len(query_labels) == 4 * len(out)
+        for t, slot in zip(out, range(len(out))):
+            assert 10 <= sizes[t] <= 35
+            support = task.support[slot][task.mask[slot] > 0]
+            assert len(support) == min(20, sizes[t] - 4)
+            rated = set(items[tasks == t])  # support and query: the task's own, apart
+            assert set(support) | set(task.query[slot]) <= rated
+            assert not set(support) & set(task.query[slot])
+            by_item = dict(zip(items[tasks == t], labels[tasks == t]))
+            np.testing.assert_array_equal(task.labels[slot][task.mask[slot] > 0],
+                                          [by_item[i] for i in support])
+    assert sorted(held) == sorted(t for t, n in sizes.items() if 10 <= n <= 35)
+    assert len(held) == len(set(held))  # once each
+    shuffled = rng.permutation(len(tasks))
+    again = protocol.folds_of(tasks[shuffled], items[shuffled], labels[shuffled])
+    for (keep, task, query_labels), (keep2, task2, query_labels2) in zip(folds, again):
+        np.testing.assert_array_equal(keep[shuffled], keep2)
+        np.testing.assert_array_equal(task.query, task2.query)
+        np.testing.assert_array_equal(task.support, task2.support)
+        np.testing.assert_array_equal(query_labels, query_labels2)
+    assert HeldOutProtocol(query=4, support=20, min_rows=10, folds=1).folds_of(
+        tasks, items, labels) == []
+
+
+def test_held_out_grid_pools_each_folds_query_rows_with_the_validation_splits():
+    """Each setting's loss is the mean over the validation query rows and every held-out
+    fold's, each fold scored on a factorisation fitted without it; the models returned are
+    the fits of every row."""
+    from gmeta_tf.training.references import (FactorModel, FoldInTask, HeldOutProtocol,
+                                              factorisations, fold_in_grid, held_out_grid)
+
+    rng = np.random.default_rng(1)
+    tasks, items, labels = _rated(rng, 60, 12, 30)
+
+    def fit(rows, setting):
+        rows = slice(None) if rows is None else rows
+        return FactorModel(tasks[rows], items[rows], labels[rows], factors=2, reg=setting,
+                           sweeps=2)
+
+    valid = FoldInTask(rng.integers(0, 60, (5, 6)), rng.integers(0, 60, (5, 3)),
+                       rng.integers(1, 6, (5, 6)).astype(np.float64), np.ones((5, 6)),
+                       np.ones((5, 3), bool))
+    valid_labels = rng.integers(1, 6, 15).astype(np.float64)
+    folds = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2).folds_of(
+        tasks, items, labels)
+    losses, models, rows = held_out_grid(fit, [(3.0, "isotropic"), (30.0, "isotropic")],
+                                         [1.0, 10.0], [valid], valid_labels, folds)
+    assert rows == 15 + sum(len(q) for _, _, q in folds)
+    for key, loss in losses.items():
+        (reg, prior), strength = key
+        parts = [fold_in_grid(factorisations(lambda s, k=keep: fit(k, s)), [(reg, prior)],
+                              [strength], [task], q)[0][key] * len(q)
+                 for keep, task, q in [(None, valid, valid_labels), *folds]]
+        assert loss == pytest.approx(sum(parts) / rows, rel=1e-12)
+    np.testing.assert_allclose(models[(3.0, "isotropic")].factors, fit(None, 3.0).factors)

@@ -1,0 +1,86 @@
+"""The factorisation's settings chosen on the validation split alone against chosen on it
+pooled with training tasks held out in turn (``references.HeldOutProtocol``), on the cold
+users of converted ratings logs: the matrix-factorisation fold-in reference alone, no
+network trained.
+
+    python -m benchmarks.reference_choice DIR [DIR ...]
+
+Each DIR is a log as ``benchmarks.ratings_route --data-only`` leaves it (``route.yaml`` and
+the converted ``data``). Per log, the factorisation's L2, item bias, fold-in prior and
+fold-in strength (``references.MF_REGS`` x ``MF_ITEM_BIASES`` x ``FOLD_IN_PRIORS`` x
+``MF_FOLD_IN``) are chosen by the fold-in's MAE two ways:
+
+- ``validation``: on the validation split's query rows alone (the product before the
+  held-out folds);
+- ``pooled``: on those and the query rows of the training tasks held out in turn, five
+  folds, the factorisation fitted without each (what the reference and the factor prior
+  do now, ``references.held_out_grid``).
+
+Reported: one JSON line per log, each way's settings and loss, the number of validation
+and held-out users, and cold users' AUC, within-user AUC, nDCG@3 and MAE (``gmeta eval``'s
+metrics) of the factorisation fitted on every training row under each way's settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks.item_bias import Split  # noqa: E402
+from gmeta_tf.config import load_config  # noqa: E402
+from gmeta_tf.data.schema import TASK_COLUMN  # noqa: E402
+from gmeta_tf.training import references as R  # noqa: E402
+from gmeta_tf.training.evaluation import split_dataset  # noqa: E402
+from gmeta_tf.training.prior_fit import held_out_protocol  # noqa: E402
+
+GRID = [(r, b, p) for r in R.MF_REGS for b in R.MF_ITEM_BIASES for p in R.FOLD_IN_PRIORS]
+
+
+def probe(work: Path) -> dict:
+    os.chdir(work)
+    config = load_config("route.yaml", [], tuned=False)
+    feature, label = config.model.prior.feature, config.model.head.label
+    train = R.rows_of(split_dataset(config, "warm").rows(4096), [feature, label, TASK_COLUMN])
+    labels = np.asarray(train[label], np.float64)
+    items = np.asarray(train[feature]).reshape(len(labels), -1)[:, 0]
+    tasks = np.asarray(train[TASK_COLUMN])
+    valid = Split(config, config.train.validation_split, feature, label)
+    cold = Split(config, config.eval.split, feature, label)
+    folds = held_out_protocol(config).folds_of(tasks, items, labels)
+
+    def fit(rows, setting):
+        rows = slice(None) if rows is None else rows
+        return R.FactorModel(tasks[rows], items[rows], labels[rows], reg=setting[0],
+                             item_bias=setting[1])
+
+    out: dict = {"bench": "reference_choice", "log": str(work),
+                 "valid_users": len(np.unique(valid.users)), "cold_users": len(np.unique(cold.users)),
+                 "held_out_users": int(sum(len(task.real) for _, task, _ in folds))}
+    for name, held_out in (("validation", []), ("pooled", folds)):
+        losses, models, rows = R.held_out_grid(fit, GRID, R.MF_FOLD_IN, valid.tasks,
+                                               valid.labels, held_out)
+        setting, strength = min(losses, key=losses.get)
+        out[name] = {"setting": [*setting, strength], "loss": round(losses[(setting, strength)], 5),
+                     "rows": rows, "cold": cold.figures(models[setting], strength)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", help="converted logs (benchmarks.ratings_route)")
+    args = parser.parse_args(argv)
+    here = Path.cwd()
+    for log in args.logs:
+        print(json.dumps(probe((here / log).resolve())), flush=True)
+        os.chdir(here)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
