@@ -22,8 +22,10 @@ models' settings are:
   strength on every coordinate: plain ridge) or ``empirical`` (the mean and covariance of
   the training tasks' fitted biases and factors: the empirical-Bayes fold-in, which shrinks
   a new task toward the typical task rather than toward zero, along the directions in which
-  tasks differ; ``FactorModel.with_fold_in_prior``). ``reg``, ``fold_in`` and the prior are
-  chosen on validation. Of clicks it is a linear probability model (least squares on 0/1
+  tasks differ; ``FactorModel.with_fold_in_prior``). ``reg``, the item bias, ``fold_in``
+  and the prior are chosen on validation pooled with training tasks held out in turn
+  (``HeldOutProtocol``, ``held_out_grid``): a validation split of a few dozen tasks cannot
+  tell the settings apart. Of clicks it is a linear probability model (least squares on 0/1
   labels, its predictions clipped into (0, 1)), chosen by log loss like every click
   reference, over a grid reaching lower L2s (``MF_REGS_CLICKS``: labels of variance at most
   1/4 need a weaker penalty than ratings for the same fit) and over the factor width too
