@@ -72,6 +72,9 @@ MF_ITEM_BIASES = ("fitted", 3.0, 10.0, 30.0)
 #: Folds of the training tasks, each held out in turn (the factorisation fitted without it)
 #: to score the factorisation's settings beside the validation split (``HeldOutProtocol``).
 MF_HELD_OUT_FOLDS = 5
+#: ... scored only when the validation split has fewer query rows than this: a larger one
+#: tells the settings apart itself, and the folds cost five more fits of each setting.
+MF_HELD_OUT_BELOW_ROWS = 3000
 _EPS = 1e-3
 
 
@@ -609,10 +612,14 @@ def held_out_grid(fit: Callable[[np.ndarray | None, Hashable], FactorModel],
     .folds_of``: the fold's tasks folded into ``fit(rows, setting)``, fitted without
     them): each pair's loss over the validation and held-out query rows together, and the
     factorisations of every row. The held-out folds are the same on every rank (every rank
-    holds every training row), so only the validation losses are summed by ``total``."""
+    holds every training row), so only the validation losses are summed by ``total``.
+    A validation split of ``MF_HELD_OUT_BELOW_ROWS`` query rows or more (over every rank)
+    is scored alone."""
     settings, strengths = list(settings), list(strengths)
     losses, models, rows = fold_in_grid(factorisations(lambda s: fit(None, s)), settings,
                                         strengths, tasks, labels, total=total, kind=kind)
+    if rows >= MF_HELD_OUT_BELOW_ROWS:
+        return losses, models, rows
     sums = {key: loss * rows for key, loss in losses.items()}
     for keep, fold_task, fold_labels in held_out:
         fold_losses, _, n = fold_in_grid(

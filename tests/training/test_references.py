@@ -420,3 +420,35 @@ def test_held_out_grid_pools_each_folds_query_rows_with_the_validation_splits():
                  for keep, task, q in [(None, valid, valid_labels), *folds]]
         assert loss == pytest.approx(sum(parts) / rows, rel=1e-12)
     np.testing.assert_allclose(models[(3.0, "isotropic")].factors, fit(None, 3.0).factors)
+
+
+def test_a_validation_split_large_enough_chooses_alone(monkeypatch):
+    """From ``MF_HELD_OUT_BELOW_ROWS`` validation query rows on, the held-out folds are not
+    fitted: the losses are the validation split's alone."""
+    from gmeta_tf.training.references import (FactorModel, FoldInTask, HeldOutProtocol,
+                                              held_out_grid)
+
+    rng = np.random.default_rng(3)
+    tasks, items, labels = _rated(rng, 40, 12, 20)
+    fits = []
+
+    def fit(rows, setting):
+        fits.append(rows is None)
+        rows = slice(None) if rows is None else rows
+        return FactorModel(tasks[rows], items[rows], labels[rows], factors=2, reg=setting,
+                           sweeps=1)
+
+    valid = FoldInTask(rng.integers(0, 60, (4, 5)), rng.integers(0, 60, (4, 3)),
+                       rng.integers(1, 6, (4, 5)).astype(np.float64), np.ones((4, 5)),
+                       np.ones((4, 3), bool))
+    valid_labels = rng.integers(1, 6, 12).astype(np.float64)
+    folds = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2).folds_of(
+        tasks, items, labels)
+    monkeypatch.setattr(references, "MF_HELD_OUT_BELOW_ROWS", 12)
+    alone, _, rows = held_out_grid(fit, [(3.0, "isotropic")], [1.0], [valid], valid_labels,
+                                   folds)
+    assert rows == 12 and all(fits)
+    monkeypatch.setattr(references, "MF_HELD_OUT_BELOW_ROWS", 13)
+    pooled, _, rows = held_out_grid(fit, [(3.0, "isotropic")], [1.0], [valid], valid_labels,
+                                    folds)
+    assert rows > 12 and not all(fits) and pooled != alone
