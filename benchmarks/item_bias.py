@@ -102,8 +102,10 @@ def probe(work: Path) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, probe=probe, doc: str = __doc__) -> None:
+    """One JSON line of ``probe`` per converted log named in ``argv`` (``doc``: the
+    benchmark's docstring, for ``--help``)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", help="converted logs (benchmarks.ratings_route)")
     args = parser.parse_args(argv)
     here = Path.cwd()

@@ -23,8 +23,6 @@ metrics) of the factorisation fitted on every training row under each way's sett
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -33,6 +31,7 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from benchmarks import item_bias  # noqa: E402
 from benchmarks.item_bias import Split  # noqa: E402
 from gmeta_tf.config import load_config  # noqa: E402
 from gmeta_tf.data.schema import TASK_COLUMN  # noqa: E402
@@ -73,13 +72,7 @@ def probe(work: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("logs", nargs="+", help="converted logs (benchmarks.ratings_route)")
-    args = parser.parse_args(argv)
-    here = Path.cwd()
-    for log in args.logs:
-        print(json.dumps(probe((here / log).resolve())), flush=True)
-        os.chdir(here)
+    item_bias.main(argv, probe, __doc__)
 
 
 if __name__ == "__main__":
