@@ -30,6 +30,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,22 +63,45 @@ class Split:
         return np.concatenate([t.predict(model, strength)[t.real] for t in self.tasks])
 
     def figures(self, model: R.FactorModel, strength: float) -> dict:
-        pred = np.clip(self.predict(model, strength), 0.5, 5.0)
+        return self.scores(self.predict(model, strength))
+
+    def scores(self, predictions: np.ndarray) -> dict:
+        """``gmeta eval``'s metrics of predictions of the query rows (in their order)."""
+        pred = np.clip(predictions, 0.5, 5.0)
         report = report_from_rows(self.users, pred, self.labels, self.binary, self.labels,
                                   "rating", 3, True).overall
         return {k: round(float(report[k]), 5) for k in ("auc", "task_auc", "ndcg@3", "mae")}
 
 
+class Log(NamedTuple):
+    """A converted log's pipeline config, its training rows (each row's task, item and
+    label) and its validation and cold splits."""
+
+    config: object
+    tasks: np.ndarray
+    items: np.ndarray
+    labels: np.ndarray
+    valid: Split
+    cold: Split
+
+    @classmethod
+    def load(cls, work: Path) -> "Log":
+        """The log in ``work`` (``benchmarks.ratings_route --data-only``); the working
+        directory becomes ``work``, where ``route.yaml`` reads its data from."""
+        os.chdir(work)
+        config = load_config("route.yaml", [], tuned=False)
+        feature, label = config.model.prior.feature, config.model.head.label
+        train = R.rows_of(split_dataset(config, "warm").rows(4096),
+                          [feature, label, TASK_COLUMN])
+        labels = np.asarray(train[label], np.float64)
+        return cls(config, np.asarray(train[TASK_COLUMN]),
+                   np.asarray(train[feature]).reshape(len(labels), -1)[:, 0], labels,
+                   Split(config, config.train.validation_split, feature, label),
+                   Split(config, config.eval.split, feature, label))
+
+
 def probe(work: Path) -> dict:
-    os.chdir(work)
-    config = load_config("route.yaml", [], tuned=False)
-    feature, label = config.model.prior.feature, config.model.head.label
-    train = R.rows_of(split_dataset(config, "warm").rows(4096), [feature, label, TASK_COLUMN])
-    labels = np.asarray(train[label], np.float64)
-    items = np.asarray(train[feature]).reshape(len(labels), -1)[:, 0]
-    tasks = np.asarray(train[TASK_COLUMN])
-    valid = Split(config, config.train.validation_split, feature, label)
-    cold = Split(config, config.eval.split, feature, label)
+    config, tasks, items, labels, valid, cold = Log.load(work)
     out: dict = {"bench": "item_bias", "log": str(work),
                  "valid_users": len(np.unique(valid.users)),
                  "cold_users": len(np.unique(cold.users))}

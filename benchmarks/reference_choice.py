@@ -19,6 +19,12 @@ fold-in strength (``references.MF_REGS`` x ``MF_ITEM_BIASES`` x ``FOLD_IN_PRIORS
 Reported: one JSON line per log, each way's settings and loss, the number of validation
 and held-out users, and cold users' AUC, within-user AUC, nDCG@3 and MAE (``gmeta eval``'s
 metrics) of the factorisation fitted on every training row under each way's settings.
+
+The line's ``offset`` does the same for the item mean + task offset reference's two
+dampings (``references.DAMPINGS``): ``sequential`` (the item's damping chosen on the item
+mean's validation loss, then the task's on the offset model's: the product before
+``references.mean_offset_grid``), ``joint`` (both together, on validation alone) and
+``pooled`` (both together, on validation and the held-out folds: the product now).
 """
 
 from __future__ import annotations
@@ -32,26 +38,15 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import item_bias  # noqa: E402
-from benchmarks.item_bias import Split  # noqa: E402
-from gmeta_tf.config import load_config  # noqa: E402
-from gmeta_tf.data.schema import TASK_COLUMN  # noqa: E402
+from benchmarks.item_bias import Log, Split  # noqa: E402
 from gmeta_tf.training import references as R  # noqa: E402
-from gmeta_tf.training.evaluation import split_dataset  # noqa: E402
 from gmeta_tf.training.prior_fit import held_out_protocol  # noqa: E402
 
 GRID = [(r, b, p) for r in R.MF_REGS for b in R.MF_ITEM_BIASES for p in R.FOLD_IN_PRIORS]
 
 
 def probe(work: Path) -> dict:
-    os.chdir(work)
-    config = load_config("route.yaml", [], tuned=False)
-    feature, label = config.model.prior.feature, config.model.head.label
-    train = R.rows_of(split_dataset(config, "warm").rows(4096), [feature, label, TASK_COLUMN])
-    labels = np.asarray(train[label], np.float64)
-    items = np.asarray(train[feature]).reshape(len(labels), -1)[:, 0]
-    tasks = np.asarray(train[TASK_COLUMN])
-    valid = Split(config, config.train.validation_split, feature, label)
-    cold = Split(config, config.eval.split, feature, label)
+    config, tasks, items, labels, valid, cold = Log.load(work)
     folds = held_out_protocol(config).folds_of(tasks, items, labels)
 
     def fit(rows, setting):
@@ -68,6 +63,28 @@ def probe(work: Path) -> dict:
         setting, strength = min(losses, key=losses.get)
         out[name] = {"setting": [*setting, strength], "loss": round(losses[(setting, strength)], 5),
                      "rows": rows, "cold": cold.figures(models[setting], strength)}
+    out["offset"] = offset_choices(R.FeatureMean(items, labels),
+                                   lambda keep: R.FeatureMean(items[keep], labels[keep]),
+                                   valid, cold, folds)
+    return out
+
+
+def offset_choices(mean: R.FeatureMean, fit, valid: Split, cold: Split, folds) -> dict:
+    """The item mean + task offset's dampings chosen the three ways of the docstring, and
+    each choice's cold figures."""
+    alone = R.mean_offset_grid(mean, fit, valid.tasks, valid.labels, [])
+    pooled = R.mean_offset_grid(mean, fit, valid.tasks, valid.labels, folds)
+    d_item = min((k for k in alone if k[1] is None), key=alone.get)[0]
+    choices = {
+        "sequential": min(((d_item, d) for d in R.DAMPINGS), key=alone.get),
+        "joint": min((k for k in alone if k[1] is not None), key=alone.get),
+        "pooled": min((k for k in pooled if k[1] is not None), key=pooled.get)}
+    out = {}
+    for name, (d_item, d_task) in choices.items():
+        damped = mean.with_damping(d_item)
+        predictions = np.concatenate([R.mean_offset(damped, t, d_task)[t.real]
+                                      for t in cold.tasks])
+        out[name] = {"setting": [d_item, d_task], "cold": cold.scores(predictions)}
     return out
 
 

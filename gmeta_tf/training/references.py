@@ -12,7 +12,10 @@ models' settings are:
   chosen on validation; unseen values get the global mean.
 - ``<feature> mean + task offset`` (task data only): the above plus the task's mean
   residual on its support rows, ``sum(y - m) / (n + d_task)``: the classic bias model of a
-  new user (item bias + user bias from the few rows the user gave).
+  new user (item bias + user bias from the few rows the user gave). Its ``d`` and
+  ``d_task`` are chosen together, and of task data both references' dampings are chosen
+  on validation pooled with training tasks held out in turn, as the factorisation's
+  settings are (below; ``mean_offset_grid``).
 - ``matrix factorisation fold-in`` (ratings or clicks of tasks whose training rows carry
   their ``task_id``): a biased matrix factorisation ``mean + b_item + b_task + p_task .
   q_item`` of the training rows by alternating least squares (``MF_FACTORS`` factors, L2
@@ -165,14 +168,57 @@ class FeatureMean:
                         self.global_mean)
 
 
-def _task_offset(mean: FeatureMean, batch: Mapping, data: ReferenceData,
-                 damping: float) -> np.ndarray:
-    """``[T, 1]`` each task's damped mean residual on its support rows."""
-    support = batch["support"]
-    mask = np.asarray(support["mask"], np.float64)
-    residual = (np.asarray(support[data.label], np.float64)
-                - mean(np.asarray(support[data.feature]))) * mask
-    return (residual.sum(axis=1) / (mask.sum(axis=1) + damping))[:, None]
+def mean_offset(mean: FeatureMean, task: FoldInTask, damping: float | None) -> np.ndarray:
+    """``[T, Q]`` the query rows' damped feature means plus, unless ``damping`` is None,
+    each task's mean residual on its support rows damped by ``damping``."""
+    predicted = mean(task.query)
+    if damping is None:
+        return predicted
+    residual = (np.asarray(task.labels, np.float64) - mean(task.support)) * task.mask
+    return predicted + (residual.sum(axis=1) / (task.mask.sum(axis=1) + damping))[:, None]
+
+
+def mean_offset_grid(mean: FeatureMean, fit: Callable[[np.ndarray], FeatureMean],
+                     tasks: list[FoldInTask], labels: np.ndarray,
+                     held_out: list[tuple[np.ndarray, FoldInTask, np.ndarray]],
+                     kind: str = "rating") -> dict[tuple[float, float | None], float]:
+    """The loss (``loss_of`` of ``kind``) of each (feature damping, task damping) of
+    ``DAMPINGS`` (task damping None: the feature mean alone) on the query rows of the
+    validation ``tasks`` (labels ``labels``) under ``mean`` (every training row), pooled with
+    each held-out fold's (``HeldOutProtocol.folds_of``) under ``fit(keep)``, the mean of the
+    rows the fold leaves. The feature mean reference chooses the first key of least loss
+    with task damping None, the feature mean + task offset the first of the others."""
+    sums: dict[tuple[float, float | None], float] = {}
+    rows = 0
+    for fitted, parts, part_labels in [(mean, tasks, labels)] + [
+            (fit(keep), [task], task_labels) for keep, task, task_labels in held_out]:
+        n = len(part_labels)
+        for d in DAMPINGS:
+            damped = fitted.with_damping(d)
+            for d_task in (None, *DAMPINGS):
+                loss = loss_of(kind, part_labels, _clip(kind, np.concatenate(
+                    [mean_offset(damped, t, d_task)[t.real] for t in parts]))) if n else 0.0
+                sums[(d, d_task)] = sums.get((d, d_task), 0.0) + loss * n
+        rows += n
+    return {key: float(v / rows) if rows else 0.0 for key, v in sums.items()}
+
+
+def _first_column(values) -> np.ndarray:
+    """A multi-slot feature's first slot (a single-slot one as it is)."""
+    values = np.asarray(values)
+    return values.reshape(len(values), -1)[:, 0] if values.ndim > 1 else values
+
+
+def _mean_predict(mean: FeatureMean, data: ReferenceData) -> "Predict":
+    """The feature mean reference's predict function."""
+    return _task_predict(lambda rows: _clip(data.kind, mean(_first_column(rows[data.feature]))))
+
+
+def _mean_offset_predict(mean: FeatureMean, damping: float, data: ReferenceData) -> "Predict":
+    """The feature mean + task offset reference's predict function (task batches)."""
+    def predict(batch: Mapping) -> np.ndarray:
+        return _clip(data.kind, mean_offset(mean, _fold_in_task(batch, data), damping))
+    return predict
 
 
 def _clip(kind: str, p: np.ndarray) -> np.ndarray:
@@ -632,25 +678,20 @@ def held_out_grid(fit: Callable[[np.ndarray | None, Hashable], FactorModel],
             rows)
 
 
-def _query_loss(predict: Predict, valid_batches: list[Mapping], valid_labels: np.ndarray,
-                kind: str) -> float:
-    """``loss_of`` a task predictor on the real query rows of the validation batches."""
-    preds = np.concatenate([predict(b)[np.asarray(b["query"]["mask"]) > 0]
-                            for b in valid_batches])
-    return loss_of(kind, valid_labels, preds)
+def _fold_in_task(batch: Mapping, data: ReferenceData) -> FoldInTask:
+    """A task batch (NumPy or tensors) as the fold-in reads it, a multi-slot reference
+    feature reduced to its first slot."""
+    return FoldInTask.of(_first_slot(_numpy(batch), data), data.feature, data.label)
 
 
 def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
-                      labels: np.ndarray, valid_batches: list[Mapping],
+                      labels: np.ndarray, valid_tasks: list[FoldInTask],
                       valid_labels: np.ndarray, items: np.ndarray, seed: int,
-                      held_out: HeldOutProtocol | None = None):
+                      held_out: list[tuple[np.ndarray, FoldInTask, np.ndarray]]):
     """The factorisation fold-in reference, its width, ``reg``, item bias, fold-in prior and
     ``fold_in`` chosen on validation and the training tasks ``held_out`` in turn
     (``held_out_grid``): ``(predict, settings)``. ``items``: the training rows' reference
     ids."""
-    def task(batch: Mapping) -> FoldInTask:  # NumPy or tensors; a multi-slot id's first slot
-        return FoldInTask.of(_first_slot(_numpy(batch), data), data.feature, data.label)
-
     task_ids = np.asarray(train[TASK_COLUMN])
     widths = MF_FACTORS_CLICKS if data.kind == "binary" else (MF_FACTORS,)
     regs = MF_REGS_CLICKS if data.kind == "binary" else MF_REGS
@@ -663,14 +704,12 @@ def _fit_factor_model(data: ReferenceData, train: Mapping[str, np.ndarray],
     losses, models, _ = held_out_grid(
         fit, [(w, r, b, p) for w in widths for r in regs for b in MF_ITEM_BIASES
               for p in FOLD_IN_PRIORS], MF_FOLD_IN,
-        [task(b) for b in valid_batches], valid_labels,
-        held_out.folds_of(task_ids, items, labels) if held_out is not None else [],
-        kind=data.kind)
+        valid_tasks, valid_labels, held_out, kind=data.kind)
     fit, strength = min(losses, key=losses.get)
     model = models[fit]
 
     def predict(batch: Mapping) -> np.ndarray:
-        return _clip(data.kind, task(batch).predict(model, strength))
+        return _clip(data.kind, _fold_in_task(batch, data).predict(model, strength))
     return predict, {"factors": fit[0], "reg": fit[1], "item_bias": fit[2],
                      "fold_in": strength, "fold_in_prior": fit[3]}
 
@@ -731,42 +770,42 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
         "global mean": _task_predict(lambda rows: np.full(len(rows[data.label]), global_mean))}
     chosen: dict[str, dict] = {"global mean": {}}
 
-    def first(values):
-        values = np.asarray(values)
-        return values.reshape(len(values), -1)[:, 0] if values.ndim > 1 else values
-
     losses = {}
     for feature in data.candidates:
-        base = FeatureMean(first(train[feature]), labels)
+        base = FeatureMean(_first_column(train[feature]), labels)
         for d in DAMPINGS:
-            predicted = _clip(data.kind, base.with_damping(d)(first(valid_rows[feature])))
+            predicted = _clip(data.kind, base.with_damping(d)(_first_column(valid_rows[feature])))
             losses[(feature, d)] = (loss_of(data.kind, valid_labels, predicted), base)
     feature, damping = min(losses, key=lambda key: losses[key][0])
     data = dataclasses.replace(data, feature=feature)
-    item = losses[(feature, damping)][1].with_damping(damping)
-    predictors[f"{data.feature} mean"] = _task_predict(
-        lambda rows: _clip(data.kind, item(first(rows[data.feature]))))
-    chosen[f"{data.feature} mean"] = {"damping": item.damping}
-
-    if tasks:
-        def offset_predict(damping: float) -> Predict:
-            def predict(batch: Mapping) -> np.ndarray:
-                batch = _first_slot(_numpy(batch), data)
-                return _clip(data.kind, item(batch["query"][data.feature])
-                             + _task_offset(item, batch, data, damping))
-            return predict
-
-        offset_losses = {d: _query_loss(offset_predict(d), valid_batches, valid_labels,
-                                        data.kind) for d in DAMPINGS}
-        d_task = min(offset_losses, key=offset_losses.get)
-        predictors[f"{data.feature} mean + task offset"] = offset_predict(d_task)
-        chosen[f"{data.feature} mean + task offset"] = {"damping": item.damping,
+    base = losses[(feature, damping)][1]
+    if not tasks:
+        item = base.with_damping(damping)
+        predictors[f"{data.feature} mean"] = _mean_predict(item, data)
+        chosen[f"{data.feature} mean"] = {"damping": item.damping}
+    else:
+        # the feature is chosen on validation; the dampings on validation pooled with the
+        # training tasks held out in turn, as the factorisation's settings are
+        items = _first_column(train[data.feature])
+        valid_tasks = [_fold_in_task(b, data) for b in valid_batches]
+        folds = (held_out.folds_of(np.asarray(train[TASK_COLUMN]), items, labels)
+                 if factorise and held_out is not None
+                 and len(valid_labels) < MF_HELD_OUT_BELOW_ROWS else [])
+        pooled = mean_offset_grid(
+            base, lambda keep: FeatureMean(items[keep], labels[keep]), valid_tasks,
+            valid_labels, folds, data.kind)
+        d_item = min((key for key in pooled if key[1] is None), key=pooled.get)[0]
+        predictors[f"{data.feature} mean"] = _mean_predict(base.with_damping(d_item), data)
+        chosen[f"{data.feature} mean"] = {"damping": d_item}
+        d_item, d_task = min((key for key in pooled if key[1] is not None), key=pooled.get)
+        predictors[f"{data.feature} mean + task offset"] = _mean_offset_predict(
+            base.with_damping(d_item), d_task, data)
+        chosen[f"{data.feature} mean + task offset"] = {"damping": d_item,
                                                          "task_damping": d_task}
         if factorise:
             name = "matrix factorisation fold-in"
             predictors[name], chosen[name] = _fit_factor_model(
-                data, train, labels, valid_batches, valid_labels, first(train[data.feature]),
-                seed, held_out)
+                data, train, labels, valid_tasks, valid_labels, items, seed, folds)
     if data.kind == "binary":
         fits = [fit_linear(data, train, valid_rows, seed=seed + MEMBER_SEED_STRIDE * m)
                 for m in range(members)]

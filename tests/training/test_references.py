@@ -348,6 +348,17 @@ def _rated(rng, tasks: int, low: int, high: int):
     return task_ids, items, rng.integers(1, 6, len(items)).astype(np.float64)
 
 
+def _valid_tasks(rng, tasks: int, support: int, query: int):
+    """A validation split of ``tasks`` tasks of random ratings of items of 60, as the
+    fold-in reads it, and its query rows' labels."""
+    from gmeta_tf.training.references import FoldInTask
+
+    task = FoldInTask(rng.integers(0, 60, (tasks, support)), rng.integers(0, 60, (tasks, query)),
+                      rng.integers(1, 6, (tasks, support)).astype(np.float64),
+                      np.ones((tasks, support)), np.ones((tasks, query), bool))
+    return task, rng.integers(1, 6, tasks * query).astype(np.float64)
+
+
 def test_held_out_folds_hold_each_task_of_the_protocols_size_out_once_as_validation_is():
     """Every task of ``min_rows``..``max_rows`` rows is held out in exactly one fold, with
     ``query`` of its rows to score and at most ``support`` others to fold in from; the fold
@@ -393,8 +404,8 @@ def test_held_out_grid_pools_each_folds_query_rows_with_the_validation_splits():
     """Each setting's loss is the mean over the validation query rows and every held-out
     fold's, each fold scored on a factorisation fitted without it; the models returned are
     the fits of every row."""
-    from gmeta_tf.training.references import (FactorModel, FoldInTask, HeldOutProtocol,
-                                              factorisations, fold_in_grid, held_out_grid)
+    from gmeta_tf.training.references import (FactorModel, HeldOutProtocol, factorisations,
+                                              fold_in_grid, held_out_grid)
 
     rng = np.random.default_rng(1)
     tasks, items, labels = _rated(rng, 60, 12, 30)
@@ -404,10 +415,7 @@ def test_held_out_grid_pools_each_folds_query_rows_with_the_validation_splits():
         return FactorModel(tasks[rows], items[rows], labels[rows], factors=2, reg=setting,
                            sweeps=2)
 
-    valid = FoldInTask(rng.integers(0, 60, (5, 6)), rng.integers(0, 60, (5, 3)),
-                       rng.integers(1, 6, (5, 6)).astype(np.float64), np.ones((5, 6)),
-                       np.ones((5, 3), bool))
-    valid_labels = rng.integers(1, 6, 15).astype(np.float64)
+    valid, valid_labels = _valid_tasks(rng, 5, 6, 3)
     folds = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2).folds_of(
         tasks, items, labels)
     losses, models, rows = held_out_grid(fit, [(3.0, "isotropic"), (30.0, "isotropic")],
@@ -425,8 +433,7 @@ def test_held_out_grid_pools_each_folds_query_rows_with_the_validation_splits():
 def test_a_validation_split_large_enough_chooses_alone(monkeypatch):
     """From ``MF_HELD_OUT_BELOW_ROWS`` validation query rows on, the held-out folds are not
     fitted: the losses are the validation split's alone."""
-    from gmeta_tf.training.references import (FactorModel, FoldInTask, HeldOutProtocol,
-                                              held_out_grid)
+    from gmeta_tf.training.references import FactorModel, HeldOutProtocol, held_out_grid
 
     rng = np.random.default_rng(3)
     tasks, items, labels = _rated(rng, 40, 12, 20)
@@ -438,10 +445,7 @@ def test_a_validation_split_large_enough_chooses_alone(monkeypatch):
         return FactorModel(tasks[rows], items[rows], labels[rows], factors=2, reg=setting,
                            sweeps=1)
 
-    valid = FoldInTask(rng.integers(0, 60, (4, 5)), rng.integers(0, 60, (4, 3)),
-                       rng.integers(1, 6, (4, 5)).astype(np.float64), np.ones((4, 5)),
-                       np.ones((4, 3), bool))
-    valid_labels = rng.integers(1, 6, 12).astype(np.float64)
+    valid, valid_labels = _valid_tasks(rng, 4, 5, 3)
     folds = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2).folds_of(
         tasks, items, labels)
     monkeypatch.setattr(references, "MF_HELD_OUT_BELOW_ROWS", 12)
@@ -452,3 +456,54 @@ def test_a_validation_split_large_enough_chooses_alone(monkeypatch):
     pooled, _, rows = held_out_grid(fit, [(3.0, "isotropic")], [1.0], [valid], valid_labels,
                                     folds)
     assert rows > 12 and not all(fits) and pooled != alone
+
+
+def test_the_mean_references_choose_their_dampings_on_validation_pooled_with_held_out_tasks():
+    """Of task data the item mean's damping, and the item mean + task offset's two dampings
+    together, are each the first of least loss over the validation query rows and every
+    held-out fold's, each fold's item means taken without its tasks' rows."""
+    from gmeta_tf.training.references import DAMPINGS, HeldOutProtocol
+
+    rng = np.random.default_rng(4)
+    tasks, items, labels = _rated(rng, 60, 12, 30)
+    labels += np.repeat(rng.normal(0.0, 1.0, 60), np.unique(tasks, return_counts=True)[1])
+    train = [{"task_id": tasks, "item": items, "y": labels}]
+    valid, valid_labels = _valid_tasks(rng, 6, 8, 3)
+    batch = _task_batch(valid.support, valid.labels, valid.query,
+                        valid_labels.reshape(6, 3))
+    protocol = HeldOutProtocol(query=3, support=10, min_rows=12, folds=3)
+    data = ReferenceData("rating", "y", ("item",), ("item",))
+    refs = fit_references(data, train, [batch], tasks=True, held_out=protocol)
+
+    def predict(keep, task, d, d_task):  # by hand, row by row
+        mean = FeatureMean(items[keep], labels[keep], damping=d)
+        out = []
+        for support, support_labels, query in zip(task.support, task.labels, task.query):
+            offset = (0.0 if d_task is None else
+                      (support_labels - mean(support)).sum() / (len(support) + d_task))
+            out += list(mean(query) + offset)
+        return np.array(out)
+
+    folds = protocol.folds_of(tasks, items, labels)
+    everything = np.ones(len(labels), bool)
+    loss = {}
+    for d in DAMPINGS:
+        for d_task in (None, *DAMPINGS):
+            errors = [np.abs(predict(keep, task, d, d_task) - q)
+                      for keep, task, q in [(everything, valid, valid_labels), *folds]]
+            loss[(d, d_task)] = np.concatenate(errors).mean()
+    assert len(np.concatenate(errors)) > 3  # the folds hold tasks out
+    alone = min((k for k in loss if k[1] is None), key=loss.get)
+    both = min((k for k in loss if k[1] is not None), key=loss.get)
+    assert refs.chosen["item mean"] == {"damping": alone[0]}
+    assert refs.chosen["item mean + task offset"] == {"damping": both[0],
+                                                      "task_damping": both[1]}
+    np.testing.assert_allclose(refs.predictors["item mean + task offset"](batch).reshape(-1),
+                               predict(everything, valid, *both))
+    pooled = references.mean_offset_grid(
+        FeatureMean(items, labels), lambda keep: FeatureMean(items[keep], labels[keep]),
+        [valid], valid_labels, folds)
+    assert pooled == pytest.approx(loss, rel=1e-12)
+    valid_alone = references.mean_offset_grid(FeatureMean(items, labels), None, [valid],
+                                              valid_labels, [])
+    assert min((k for k in valid_alone if k[1] is not None), key=valid_alone.get) != both
