@@ -359,6 +359,21 @@ def _valid_tasks(rng, tasks: int, support: int, query: int):
     return task, rng.integers(1, 6, tasks * query).astype(np.float64)
 
 
+def _small_factorisation(tasks, items, labels, sweeps: int, fits: list | None = None):
+    """``held_out_grid``'s ``fit``: a two-factor factorisation of the rows ``rows`` keeps
+    (None: every row) at the L2 ``setting``; each call appends to ``fits`` (if given)
+    whether it fitted every row."""
+    from gmeta_tf.training.references import FactorModel
+
+    def fit(rows, setting):
+        if fits is not None:
+            fits.append(rows is None)
+        rows = slice(None) if rows is None else rows
+        return FactorModel(tasks[rows], items[rows], labels[rows], factors=2, reg=setting,
+                           sweeps=sweeps)
+    return fit
+
+
 def test_held_out_folds_hold_each_task_of_the_protocols_size_out_once_as_validation_is():
     """Every task of ``min_rows``..``max_rows`` rows is held out in exactly one fold, with
     ``query`` of its rows to score and at most ``support`` others to fold in from; the fold
@@ -404,17 +419,12 @@ def test_held_out_grid_pools_each_folds_query_rows_with_the_validation_splits():
     """Each setting's loss is the mean over the validation query rows and every held-out
     fold's, each fold scored on a factorisation fitted without it; the models returned are
     the fits of every row."""
-    from gmeta_tf.training.references import (FactorModel, HeldOutProtocol, factorisations,
-                                              fold_in_grid, held_out_grid)
+    from gmeta_tf.training.references import (HeldOutProtocol, factorisations, fold_in_grid,
+                                              held_out_grid)
 
     rng = np.random.default_rng(1)
     tasks, items, labels = _rated(rng, 60, 12, 30)
-
-    def fit(rows, setting):
-        rows = slice(None) if rows is None else rows
-        return FactorModel(tasks[rows], items[rows], labels[rows], factors=2, reg=setting,
-                           sweeps=2)
-
+    fit = _small_factorisation(tasks, items, labels, sweeps=2)
     valid, valid_labels = _valid_tasks(rng, 5, 6, 3)
     folds = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2).folds_of(
         tasks, items, labels)
@@ -433,18 +443,12 @@ def test_held_out_grid_pools_each_folds_query_rows_with_the_validation_splits():
 def test_a_validation_split_large_enough_chooses_alone(monkeypatch):
     """From ``MF_HELD_OUT_BELOW_ROWS`` validation query rows on, the held-out folds are not
     fitted: the losses are the validation split's alone."""
-    from gmeta_tf.training.references import FactorModel, HeldOutProtocol, held_out_grid
+    from gmeta_tf.training.references import HeldOutProtocol, held_out_grid
 
     rng = np.random.default_rng(3)
     tasks, items, labels = _rated(rng, 40, 12, 20)
     fits = []
-
-    def fit(rows, setting):
-        fits.append(rows is None)
-        rows = slice(None) if rows is None else rows
-        return FactorModel(tasks[rows], items[rows], labels[rows], factors=2, reg=setting,
-                           sweeps=1)
-
+    fit = _small_factorisation(tasks, items, labels, sweeps=1, fits=fits)
     valid, valid_labels = _valid_tasks(rng, 4, 5, 3)
     folds = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2).folds_of(
         tasks, items, labels)
