@@ -95,7 +95,7 @@ class Log(NamedTuple):
                           [feature, label, TASK_COLUMN])
         labels = np.asarray(train[label], np.float64)
         return cls(config, np.asarray(train[TASK_COLUMN]),
-                   np.asarray(train[feature]).reshape(len(labels), -1)[:, 0], labels,
+                   R.first_column(train[feature]), labels,
                    Split(config, config.train.validation_split, feature, label),
                    Split(config, config.eval.split, feature, label))
 

@@ -182,15 +182,16 @@ def _choose_factors(config: PipelineConfig, tasks: np.ndarray, items: np.ndarray
                       for role in ("support", "query")}
                      for batch in _shard_tasks(config, split, names)],
             what, setting, key=unset)
+        valid_labels = query_rows(valid, [label])[label]
+        valid_rows = int(distributed.sum_over_ranks([len(valid_labels)])[0])
         losses, models, rows = held_out_grid(
             lambda rows, setting: fit(rows, *setting),
             [(r, b, p) for r in (MF_REGS if reg is None else (reg,))
              for b in (MF_ITEM_BIASES if item_bias is None else (item_bias,))
              for p in (FOLD_IN_PRIORS if fold_in_prior is None else (fold_in_prior,))],
             MF_FOLD_IN if strength is None else (strength,),
-            [FoldInTask.of(b, feature, label) for b in valid],
-            query_rows(valid, [label])[label],
-            held_out_protocol(config).folds_of(tasks, items, labels),
+            [FoldInTask.of(b, feature, label) for b in valid], valid_labels,
+            held_out_protocol(config).folds_beside(valid_rows, tasks, items, labels),
             total=distributed.sum_over_ranks)
         if not rows:
             raise ConfigError(f"config key 'model.prior.{unset}' = None is not allowed: "

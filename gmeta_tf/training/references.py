@@ -203,7 +203,7 @@ def mean_offset_grid(mean: FeatureMean, fit: Callable[[np.ndarray], FeatureMean]
     return {key: float(v / rows) if rows else 0.0 for key, v in sums.items()}
 
 
-def _first_column(values) -> np.ndarray:
+def first_column(values) -> np.ndarray:
     """A multi-slot feature's first slot (a single-slot one as it is)."""
     values = np.asarray(values)
     return values.reshape(len(values), -1)[:, 0] if values.ndim > 1 else values
@@ -211,7 +211,7 @@ def _first_column(values) -> np.ndarray:
 
 def _mean_predict(mean: FeatureMean, data: ReferenceData) -> "Predict":
     """The feature mean reference's predict function."""
-    return _task_predict(lambda rows: _clip(data.kind, mean(_first_column(rows[data.feature]))))
+    return _task_predict(lambda rows: _clip(data.kind, mean(first_column(rows[data.feature]))))
 
 
 def _mean_offset_predict(mean: FeatureMean, damping: float, data: ReferenceData) -> "Predict":
@@ -592,6 +592,15 @@ class HeldOutProtocol:
     folds: int = MF_HELD_OUT_FOLDS
     seed: int = 0
 
+    def folds_beside(self, valid_rows: int, tasks: np.ndarray, items: np.ndarray,
+                     labels: np.ndarray) -> list[tuple[np.ndarray, FoldInTask, np.ndarray]]:
+        """``folds_of``, if a validation split of ``valid_rows`` query rows (over every
+        rank) is too small to choose alone (fewer than ``MF_HELD_OUT_BELOW_ROWS``), else
+        none: the one place that decides whether the held-out folds are scored."""
+        if valid_rows >= MF_HELD_OUT_BELOW_ROWS:
+            return []
+        return self.folds_of(tasks, items, labels)
+
     def folds_of(self, tasks: np.ndarray, items: np.ndarray, labels: np.ndarray
                  ) -> list[tuple[np.ndarray, FoldInTask, np.ndarray]]:
         """Per fold: the training rows to fit on (a mask), its held-out tasks as one
@@ -659,13 +668,11 @@ def held_out_grid(fit: Callable[[np.ndarray | None, Hashable], FactorModel],
     them): each pair's loss over the validation and held-out query rows together, and the
     factorisations of every row. The held-out folds are the same on every rank (every rank
     holds every training row), so only the validation losses are summed by ``total``.
-    A validation split of ``MF_HELD_OUT_BELOW_ROWS`` query rows or more (over every rank)
-    is scored alone."""
+    Without ``held_out`` (``HeldOutProtocol.folds_beside`` gives none for a large
+    validation split) the validation split is scored alone."""
     settings, strengths = list(settings), list(strengths)
     losses, models, rows = fold_in_grid(factorisations(lambda s: fit(None, s)), settings,
                                         strengths, tasks, labels, total=total, kind=kind)
-    if rows >= MF_HELD_OUT_BELOW_ROWS:
-        return losses, models, rows
     sums = {key: loss * rows for key, loss in losses.items()}
     for keep, fold_task, fold_labels in held_out:
         fold_losses, _, n = fold_in_grid(
@@ -772,9 +779,9 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
 
     losses = {}
     for feature in data.candidates:
-        base = FeatureMean(_first_column(train[feature]), labels)
+        base = FeatureMean(first_column(train[feature]), labels)
         for d in DAMPINGS:
-            predicted = _clip(data.kind, base.with_damping(d)(_first_column(valid_rows[feature])))
+            predicted = _clip(data.kind, base.with_damping(d)(first_column(valid_rows[feature])))
             losses[(feature, d)] = (loss_of(data.kind, valid_labels, predicted), base)
     feature, damping = min(losses, key=lambda key: losses[key][0])
     data = dataclasses.replace(data, feature=feature)
@@ -786,11 +793,11 @@ def fit_references(data: ReferenceData, train_batches: Iterable[Mapping],
     else:
         # the feature is chosen on validation; the dampings on validation pooled with the
         # training tasks held out in turn, as the factorisation's settings are
-        items = _first_column(train[data.feature])
+        items = first_column(train[data.feature])
         valid_tasks = [_fold_in_task(b, data) for b in valid_batches]
-        folds = (held_out.folds_of(np.asarray(train[TASK_COLUMN]), items, labels)
-                 if factorise and held_out is not None
-                 and len(valid_labels) < MF_HELD_OUT_BELOW_ROWS else [])
+        folds = (held_out.folds_beside(len(valid_labels), np.asarray(train[TASK_COLUMN]),
+                                       items, labels)
+                 if factorise and held_out is not None else [])
         pooled = mean_offset_grid(
             base, lambda keep: FeatureMean(items[keep], labels[keep]), valid_tasks,
             valid_labels, folds, data.kind)

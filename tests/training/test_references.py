@@ -441,8 +441,9 @@ def test_held_out_grid_pools_each_folds_query_rows_with_the_validation_splits():
 
 
 def test_a_validation_split_large_enough_chooses_alone(monkeypatch):
-    """From ``MF_HELD_OUT_BELOW_ROWS`` validation query rows on, the held-out folds are not
-    fitted: the losses are the validation split's alone."""
+    """From ``MF_HELD_OUT_BELOW_ROWS`` validation query rows on, ``folds_beside`` gives no
+    held-out fold, so none is fitted and the losses are the validation split's alone;
+    below it, every fold of ``folds_of``."""
     from gmeta_tf.training.references import HeldOutProtocol, held_out_grid
 
     rng = np.random.default_rng(3)
@@ -450,13 +451,20 @@ def test_a_validation_split_large_enough_chooses_alone(monkeypatch):
     fits = []
     fit = _small_factorisation(tasks, items, labels, sweeps=1, fits=fits)
     valid, valid_labels = _valid_tasks(rng, 4, 5, 3)
-    folds = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2).folds_of(
-        tasks, items, labels)
+    protocol = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2)
     monkeypatch.setattr(references, "MF_HELD_OUT_BELOW_ROWS", 12)
+    assert protocol.folds_beside(12, tasks, items, labels) == []
     alone, _, rows = held_out_grid(fit, [(3.0, "isotropic")], [1.0], [valid], valid_labels,
-                                   folds)
+                                   protocol.folds_beside(12, tasks, items, labels))
     assert rows == 12 and all(fits)
     monkeypatch.setattr(references, "MF_HELD_OUT_BELOW_ROWS", 13)
+    folds = protocol.folds_beside(12, tasks, items, labels)
+    expected = protocol.folds_of(tasks, items, labels)
+    assert len(folds) == len(expected) == 2
+    for (keep, task, q), (keep_e, task_e, q_e) in zip(folds, expected):
+        np.testing.assert_array_equal(keep, keep_e)
+        np.testing.assert_array_equal(task.query, task_e.query)
+        np.testing.assert_array_equal(q, q_e)
     pooled, _, rows = held_out_grid(fit, [(3.0, "isotropic")], [1.0], [valid], valid_labels,
                                     folds)
     assert rows > 12 and not all(fits) and pooled != alone
