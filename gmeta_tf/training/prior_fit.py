@@ -22,9 +22,10 @@ biases fitted with the factors or held at damped item means, under the isotropic
 empirical-Bayes prior) has the lowest
 loss on the validation tasks' query rows, each rank scoring its own, pooled with the query
 rows of the training tasks held out in turn where the validation split is small
-(``references.HeldOutProtocol.folds_beside``: five folds, the factorisation fitted without
-each, its tasks folded in as validation tasks are; the same on every rank): the factorisation reference's search (``references.held_out_grid``),
-the validation losses summed over the ranks. The
+(``references.HeldOutProtocol.folds_beside``: five folds, the factorisation fitted
+without each, its tasks folded in as validation tasks are; the same on every rank): the
+factorisation reference's search (``references.held_out_grid``), the validation losses
+summed over the ranks. The
 prior's factors and biases are the items' under the chosen prior
 (``FactorModel.with_fold_in_prior``), so the tower's fold-in and its ridge solve shrink a
 new task as the reference does.
