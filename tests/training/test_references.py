@@ -453,9 +453,10 @@ def test_a_validation_split_large_enough_chooses_alone(monkeypatch):
     valid, valid_labels = _valid_tasks(rng, 4, 5, 3)
     protocol = HeldOutProtocol(query=3, support=10, min_rows=12, folds=2)
     monkeypatch.setattr(references, "MF_HELD_OUT_BELOW_ROWS", 12)
-    assert protocol.folds_beside(12, tasks, items, labels) == []
+    none = protocol.folds_beside(12, tasks, items, labels)
+    assert none == []
     alone, _, rows = held_out_grid(fit, [(3.0, "isotropic")], [1.0], [valid], valid_labels,
-                                   protocol.folds_beside(12, tasks, items, labels))
+                                   none)
     assert rows == 12 and all(fits)
     monkeypatch.setattr(references, "MF_HELD_OUT_BELOW_ROWS", 13)
     folds = protocol.folds_beside(12, tasks, items, labels)
