@@ -288,6 +288,9 @@ class TrainConfig:
     zero as often as it is read: a rare item's row, trained on a few ratings, stays small);
     ``baseline_embedding_l2`` (default ``embedding_l2``) is the baseline's (``gmeta tune``
     searches both).
+    ``embedding_dropout`` drops out, in training, the embedded rows the tower reads at
+    that rate (dropout, Srivastava et al. 2014), in both models alike; for the meta model
+    one draw a step serves the inner and outer loops.
     ``pretrain_steps``: the meta model's first this many steps train its unadapted
     predictions on every row of the step's tasks (the baseline's objective), then
     meta-training starts from those weights (pre-training then meta-training, as in Chen
@@ -309,6 +312,7 @@ class TrainConfig:
     baseline_table_learning_rate: float | None = field(None, min_exclusive=0.0)
     embedding_l2: float = field(0.0, min=0.0)
     baseline_embedding_l2: float | None = field(None, min=0.0)
+    embedding_dropout: float = field(0.0, min=0.0, max=0.9)
     shuffle_seed: int = 0
     log_every: int = field(50, min=1)
     eval_every: int = field(0, min=0)
@@ -772,6 +776,10 @@ def check_consistency(config: PipelineConfig) -> None:
                         f"0 with a '{model.head.kind}' head ({of_ratings})")
         if value and not config.meta.enabled:
             raise _fail(f"meta.{key}", value, f"0 with meta.enabled: false ({of_tasks})")
+    if config.meta.grad_dropout and not config.meta.enabled:
+        raise _fail("meta.grad_dropout", config.meta.grad_dropout,
+                    "0 with meta.enabled: false (it drops inner-loop gradients; a plain "
+                    "model has no inner loop)")
     if model.members > 1 and config.meta.enabled:
         raise _fail("model.members", model.members, "1 with meta.enabled: true (an ensemble "
                     "of towers trains as a plain model)")

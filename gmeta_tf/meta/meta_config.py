@@ -79,6 +79,11 @@ class MetaConfig:
             support rows (user features such as a zip code identify a user as well as
             an id would). Evaluation and serving see the labels as they are. A rating
             head only. 0: off.
+        grad_dropout: DropGrad (Tseng et al. ACCV 2020), against meta-over-fitting: in
+            training, each element of every inner-loop gradient is dropped with this
+            probability and the rest scaled by 1 / (1 - p), a fresh draw at every step
+            of every task, so the slow weights cannot rely on one exact path of
+            adaptation. Evaluation and serving adapt on the whole gradient. 0: off.
     """
 
     algorithm: Algorithm = "maml"
@@ -95,6 +100,7 @@ class MetaConfig:
     plain_loss: float = config_fields.field(0.0, min=0.0)
     within_task_loss: float = config_fields.field(0.0, min=0.0)
     label_shift: float = config_fields.field(0.0, min=0.0)
+    grad_dropout: float = config_fields.field(0.0, min=0.0, max=0.9)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))

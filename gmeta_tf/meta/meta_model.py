@@ -13,7 +13,7 @@ from gmeta_tf.meta.meta_config import MetaConfig
 from gmeta_tf.meta.task_adapter import (AdaptedQuery, TaskAdapter, adapted_query,
                                         resolve_fast_weights, ridge_size)
 from gmeta_tf.meta.task_batch import RoleBatch, role_batches
-from gmeta_tf.models.embedding_inputs import embedding_penalty
+from gmeta_tf.models.embedding_inputs import dropped_embeddings, embedding_penalty
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
 
@@ -54,6 +54,10 @@ class MetaModel(tf.keras.Model):
         embedding_l2: In training, this weight times the mean squared norm of the embedding
             rows of every real support and query row is added to the outer objective (and
             to pre-training's; ``embedding_penalty``; 0: none).
+        embedding_dropout: In training (meta-training and pre-training), the embedded rows
+            the tower reads, support and query alike, are dropped out at this rate, one
+            draw per step shared by the inner and outer loops (``dropped_embeddings``; the
+            penalty reads them whole; 0: none).
 
     Example::
 
@@ -66,10 +70,11 @@ class MetaModel(tf.keras.Model):
 
     def __init__(self, embedding: tf.keras.layers.Layer, tower: Tower, head: Head,
                  config: MetaConfig | None = None, embedding_l2: float = 0.0,
-                 ridge_scale: float = 1.0, **kwargs):
+                 ridge_scale: float = 1.0, embedding_dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.embedding, self.tower, self.head = embedding, tower, head
         self.embedding_l2 = float(embedding_l2)
+        self.embedding_dropout = float(embedding_dropout)
         self.config = config or MetaConfig()
         if not ridge_scale > 0:
             raise ValueError(f"ridge_scale={ridge_scale!r}, expected a number > 0")
@@ -173,6 +178,9 @@ class MetaModel(tf.keras.Model):
         """
         support, query, num_pairs = role_batches(self.embedding, self.tower, self.head.label,
                                                  batch, training, self.config.adapt_embeddings)
+        penalised = (support, query)
+        if training:
+            support, query = self._dropped(support), self._dropped(query)
         if training and self.config.label_shift:
             support, query = shifted_labels(support, query, self.config.label_shift)
         params = self.tower.params()
@@ -181,7 +189,9 @@ class MetaModel(tf.keras.Model):
         adapted, support_losses, _ = self.adapter.adapt(params, fast, support,
                                                         self.inner_learning_rates(),
                                                         self.config.first_order,
-                                                        self.rates_per_step, trajectory)
+                                                        self.rates_per_step, trajectory,
+                                                        self.config.grad_dropout
+                                                        if training else 0.0)
         support_loss = tf.reduce_mean(support_losses)
         # The query rows' outputs under each step's fast weights (the last step's alone
         # without the multi-step loss); the trajectory's last entry is ``adapted``.
@@ -201,8 +211,15 @@ class MetaModel(tf.keras.Model):
             objective += self.config.within_task_loss * tf.reduce_mean(
                 self.head.within_task_loss(query.labels, outputs[-1], query.mask))
         if training and self.embedding_l2:
-            objective += self.embedding_l2 * self._embedding_penalty(support, query)
+            objective += self.embedding_l2 * self._embedding_penalty(*penalised)
         return query_loss, support_loss, params, adapted, objective
+
+    def _dropped(self, role: RoleBatch) -> RoleBatch:
+        """``role`` with its embedded rows dropped out at ``embedding_dropout``."""
+        if not self.embedding_dropout:
+            return role
+        return role._replace(inputs=dropped_embeddings(role.inputs, self.tower.sparse_features,
+                                                       self.embedding_dropout))
 
     def _embedding_penalty(self, support, query) -> tf.Tensor:
         """``embedding_penalty`` over every real support and query row of the batch."""
@@ -270,7 +287,7 @@ class MetaModel(tf.keras.Model):
                                                      self.config.adapt_embeddings)
             params = self.tower.params()
             fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
-            loss = self._plain_loss(params, fast, support, query)
+            loss = self._plain_loss(params, fast, self._dropped(support), self._dropped(query))
             objective = loss
             if self.embedding_l2:
                 objective += self.embedding_l2 * self._embedding_penalty(support, query)

@@ -262,7 +262,7 @@ class TaskAdapter:
     def adapt(self, params: Mapping[str, tf.Tensor], fast: Mapping[str, tf.Tensor],
               support: RoleBatch, learning_rates: Mapping[str, tf.Tensor],
               first_order: bool, rates_per_step: bool = False,
-              trajectory: list | None = None) -> Adaptation:
+              trajectory: list | None = None, grad_dropout: float = 0.0) -> Adaptation:
         """k SGD steps of every task's fast weights on its support loss.
 
         Under an enclosing ``GradientTape`` the inner gradients are recorded, so the outer
@@ -271,7 +271,9 @@ class TaskAdapter:
         row ``i`` (MAML++'s per-step rates); steps beyond that axis reuse its last row.
         A ``trajectory`` list receives the fast weights after every step. With ``ridge``
         the output layer is then solved in closed form (after the last step, and in every
-        trajectory entry).
+        trajectory entry). With ``grad_dropout`` p > 0 (training only) every element of
+        every inner gradient is kept with probability 1 - p and scaled by 1 / (1 - p), a
+        fresh draw at every step (``dropped_gradient``).
 
         Returns:
             An ``Adaptation``: the adapted fast weights and each task's support loss
@@ -302,6 +304,8 @@ class TaskAdapter:
                                                                 accepted, pair_tasks)
                 accepted = (dict(fast), losses, grads)
             for n, g in zip(names, grads):
+                if grad_dropout:
+                    g = dropped_gradient(g, grad_dropout)
                 if first_order:
                     g = tf.stop_gradient(g)
                 rate = learning_rates[n]
@@ -325,6 +329,15 @@ class TaskAdapter:
                 trajectory[:] = [self.solve_output_layer(params, f, support) for f in trajectory]
                 fast = trajectory[-1]
         return Adaptation(fast, initial_losses, final_losses)
+
+
+def dropped_gradient(grad: tf.Tensor, rate: float) -> tf.Tensor:
+    """DropGrad (Tseng et al., "Regularizing Meta-Learning via Gradient Dropout", ACCV
+    2020): ``grad`` with each element zeroed with probability ``rate`` and the rest scaled
+    by ``1 / (1 - rate)``, so its expectation is ``grad``. The mask is a constant: the
+    outer gradient flows through the kept elements."""
+    keep = tf.cast(tf.random.uniform(tf.shape(grad)) >= rate, grad.dtype)
+    return grad * keep / (1.0 - rate)
 
 
 #: A task's adaptation has diverged when it leaves the task's own support loss more than

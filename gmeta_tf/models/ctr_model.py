@@ -8,7 +8,8 @@ import tensorflow as tf
 
 from gmeta_tf import distributed
 from gmeta_tf.data.schema import TASK_COLUMN
-from gmeta_tf.models.embedding_inputs import embedding_inputs, embedding_penalty
+from gmeta_tf.models.embedding_inputs import (dropped_embeddings, embedding_inputs,
+                                              embedding_penalty)
 from gmeta_tf.models.ensemble_tower import EnsembleTower
 from gmeta_tf.models.heads import Head
 from gmeta_tf.models.tower import Tower
@@ -30,6 +31,8 @@ class CTRModel(tf.keras.Model):
         head: The head (label name, loss, prediction).
         embedding_l2: In training, this weight times the mean squared norm of the embedding
             rows a batch reads is added to the loss (``embedding_penalty``; 0: none).
+        embedding_dropout: In training, the embedded rows the tower reads are dropped out
+            at this rate (``dropped_embeddings``; the penalty reads them whole; 0: none).
 
     Example::
 
@@ -39,10 +42,12 @@ class CTRModel(tf.keras.Model):
     """
 
     def __init__(self, embedding: tf.keras.layers.Layer, tower: Tower, head: Head,
-                 embedding_l2: float = 0.0, within_task_loss: float = 0.0, **kwargs):
+                 embedding_l2: float = 0.0, within_task_loss: float = 0.0,
+                 embedding_dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.embedding, self.tower, self.head = embedding, tower, head
         self.embedding_l2 = float(embedding_l2)
+        self.embedding_dropout = float(embedding_dropout)
         self.within_task_loss = float(within_task_loss)
         self.tower.build(None)
 
@@ -70,12 +75,14 @@ class CTRModel(tf.keras.Model):
         the rows' mean within-task squared error (``RatingHead.within_task_row_loss``).
         An ensemble tower's loss is the sum of its members' (each member's gradient is the
         one it would get alone; ``EnsembleTower``)."""
+        read = (dropped_embeddings(inputs, self.tower.sparse_features, self.embedding_dropout)
+                if training else inputs)
         if isinstance(self.tower, EnsembleTower):
-            members = self.tower.member_outputs(self.tower.params(), inputs)
+            members = self.tower.member_outputs(self.tower.params(), read)
             loss = tf.add_n([tf.reduce_mean(self.head.row_loss(labels, members[..., m]))
                              for m in range(self.tower.num_members)])
         else:
-            outputs = self.tower(inputs)
+            outputs = self.tower(read)
             loss = tf.reduce_mean(self.head.row_loss(labels, outputs))
             if training and self.within_task_loss and tasks is not None:
                 loss += self.within_task_loss * tf.reduce_mean(

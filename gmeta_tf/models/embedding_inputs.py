@@ -63,3 +63,14 @@ def embedding_penalty(inputs: Mapping[str, tf.Tensor], names: Sequence[str],
         return tf.reduce_mean(squares)
     mask = tf.cast(mask, squares.dtype)
     return tf.reduce_sum(squares * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
+
+
+def dropped_embeddings(inputs: Mapping[str, tf.Tensor], names: Sequence[str],
+                       rate: float) -> dict:
+    """``inputs`` with every element of the embedded features ``names`` zeroed with
+    probability ``rate`` and the rest scaled by ``1 / (1 - rate)`` (dropout, Srivastava et
+    al. JMLR 2014, on the rows the tower reads); other inputs as they are. ``rate`` 0:
+    ``inputs`` unchanged."""
+    if not rate:
+        return dict(inputs)
+    return {**inputs, **{n: tf.nn.dropout(inputs[n], rate) for n in names}}

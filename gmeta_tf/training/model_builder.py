@@ -216,9 +216,12 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
             if config.meta.enabled:
                 model = MetaModel(embedding, tower, head, config.meta,
                                   embedding_l2=config.train.embedding_l2,
-                                  ridge_scale=ridge_scale(config), name="meta_model")
+                                  ridge_scale=ridge_scale(config),
+                                  embedding_dropout=config.train.embedding_dropout,
+                                  name="meta_model")
             else:
                 model = CTRModel(embedding, tower, head, config.train.embedding_l2,
+                                 embedding_dropout=config.train.embedding_dropout,
                                  name="ctr_model")
         except ValueError as err:  # e.g. a fast_weights selector matching nothing
             raise ConfigError(f"config section 'meta' is not allowed: {err}") from err
@@ -226,6 +229,7 @@ def build_models(config: PipelineConfig, placement: Placement | None = None,
                                                             prior),
                              head, baseline_embedding_l2(config),
                              within_task_loss=config.meta.within_task_loss,
+                             embedding_dropout=config.train.embedding_dropout,
                              name="baseline_model")
                     if with_baseline else None)
         optimizers = tf.Module(name="optimizers")

@@ -459,6 +459,88 @@ def test_label_shift_trains_on_each_tasks_ratings_moved_by_one_offset(algorithm,
     np.testing.assert_allclose(untrained, untrained_plain, rtol=1e-6)
 
 
+@pytest.mark.parametrize("algorithm", ["maml", "fomaml", "reptile"])
+def test_gradient_dropout_acts_on_the_inner_gradients_in_training_only(algorithm,
+                                                                      monkeypatch):
+    """``MetaConfig.grad_dropout`` (DropGrad): in training, every inner step moves the fast
+    weights by the dropped gradient; outside training by the whole one. A "dropout" that
+    doubles every gradient must train as the inner rate doubled, and leave evaluation as
+    it was."""
+    from gmeta_tf.meta import task_adapter
+    batch = tiny.tasks(3, seed=29)
+    seen = []
+
+    def doubled(grad, rate):
+        seen.append(rate)
+        return 2.0 * grad
+
+    monkeypatch.setattr(task_adapter, "dropped_gradient", doubled)
+
+    def run(lr, dropout):
+        model = tiny.model(MetaConfig(algorithm, inner_steps=STEPS, inner_lr=lr,
+                                      grad_dropout=dropout))
+        tiny.insert_ids(model, batch)
+        *_, objective = model.meta_loss(batch)
+        *_, untrained = model.meta_loss(batch, training=False)
+        return objective.numpy(), untrained.numpy()
+
+    objective, untrained = run(LR, 0.25)
+    assert seen and set(seen) == {0.25}
+    objective_doubled, _ = run(2 * LR, 0.0)
+    objective_plain, untrained_plain = run(LR, 0.0)
+    np.testing.assert_allclose(objective, objective_doubled, rtol=1e-5)
+    assert abs(objective - objective_plain) > 1e-4
+    np.testing.assert_allclose(untrained, untrained_plain, rtol=1e-6)
+
+
+def test_embedding_dropout_draws_once_a_step_for_both_loops_in_training_only(monkeypatch):
+    """``embedding_dropout``: in training the tower reads the support and the query rows
+    dropped out (one call each, before the inner loop, so the inner and outer loops see
+    the same draw); a "dropout" that leaves the rows as they are trains as none; outside
+    training nothing is dropped."""
+    from gmeta_tf.meta import meta_model
+    batch = tiny.tasks(3, seed=31)
+    calls = []
+
+    def run(dropout):
+        model = tiny.model(MetaConfig("maml", inner_steps=STEPS, inner_lr=LR))
+        model.embedding_dropout = dropout
+        tiny.insert_ids(model, batch)
+        *_, objective = model.meta_loss(batch)
+        *_, untrained = model.meta_loss(batch, training=False)
+        return objective.numpy(), untrained.numpy()
+
+    objective_plain, untrained_plain = run(0.0)
+    objective, untrained = run(0.5)
+    assert abs(objective - objective_plain) > 1e-4
+    np.testing.assert_allclose(untrained, untrained_plain, rtol=1e-6)
+
+    def kept(rows, names, rate):
+        calls.append(rate)
+        return dict(rows)
+
+    monkeypatch.setattr(meta_model, "dropped_embeddings", kept)
+    objective_kept, _ = run(0.5)
+    assert calls == [0.5, 0.5]
+    np.testing.assert_allclose(objective_kept, objective_plain, rtol=1e-6)
+
+
+def test_dropped_gradient_zeroes_a_fraction_and_keeps_the_expectation():
+    from gmeta_tf.meta.task_adapter import dropped_gradient
+    grad = tf.fill([400, 500], 3.0)
+    got = dropped_gradient(grad, 0.2).numpy()
+    np.testing.assert_allclose(got[got != 0.0], 3.75, rtol=1e-6)
+    assert abs(np.mean(got == 0.0) - 0.2) < 0.01
+    assert abs(got.mean() - 3.0) < 0.05
+    with tf.GradientTape() as tape:
+        w = tf.Variable(tf.ones([1000]))
+        tape.watch(w)
+        out = tf.reduce_sum(dropped_gradient(w * 2.0, 0.5))
+    dw = tape.gradient(out, w).numpy()
+    np.testing.assert_allclose(dw[dw != 0.0], 4.0, rtol=1e-6)
+    assert 0 < np.mean(dw == 0.0) < 1
+
+
 def test_task_offsets_are_one_per_task_within_the_width():
     from gmeta_tf.meta.meta_model import task_offsets
     got = task_offsets(tf.constant(500), 0.5).numpy()

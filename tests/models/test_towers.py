@@ -8,7 +8,7 @@ from gmeta_tf.embedding import Adagrad, FeatureConfig, ShardedHashEmbedding, Tab
 from gmeta_tf.models import (BinaryHead, CTRModel, DLRMTower, MeLUTower, RatingHead,
                              embedding_inputs, make_head)
 from gmeta_tf.models.dense_stack import apply_dense_stack
-from gmeta_tf.models.embedding_inputs import embedding_penalty
+from gmeta_tf.models.embedding_inputs import dropped_embeddings, embedding_penalty
 
 DIM = 4
 
@@ -157,6 +157,48 @@ def test_ctr_model_adds_the_embedding_penalty_in_training_only():
     assert penalty > 0
     np.testing.assert_allclose(model._loss(batch, training=True).numpy(), plain + 0.5 * penalty,
                                rtol=1e-5)
+
+
+def test_dropped_embeddings_drop_only_the_named_rows_keeping_their_expectation():
+    inputs = {"a": tf.fill([300, 400], 2.0), "b": tf.fill([300, 400], 2.0),
+              "d": tf.fill([300, 3], 1.0)}
+    out = dropped_embeddings(inputs, ["a"], 0.25)
+    a = out["a"].numpy()
+    np.testing.assert_allclose(a[a != 0.0], 2.0 / 0.75, rtol=1e-6)
+    assert abs(np.mean(a == 0.0) - 0.25) < 0.01 and abs(a.mean() - 2.0) < 0.03
+    assert out["b"] is inputs["b"] and out["d"] is inputs["d"]
+    assert dropped_embeddings(inputs, ["a"], 0.0) == inputs
+
+
+def test_ctr_model_drops_out_the_rows_its_tower_reads_in_training_only(monkeypatch):
+    """``embedding_dropout``: the tower reads the dropped rows in training (here a "dropout"
+    that zeroes them all, so the loss is that of zero rows), the penalty the whole ones,
+    and outside training nothing is dropped."""
+    from gmeta_tf.models import ctr_model
+    emb = ShardedHashEmbedding([TableConfig("t", DIM, optimizer=Adagrad(0.1))],
+                               [FeatureConfig("item_id", "t"), FeatureConfig("age", "t")])
+    tower = MeLUTower(["item_id"], ["age"], DIM, hidden_units=(4,))
+    model = CTRModel(emb, tower, RatingHead("rating", 3.0), embedding_l2=0.5,
+                     embedding_dropout=0.3)
+    batch = {"item_id": tf.constant([1, 2, 3], tf.int64), "age": tf.constant([7, 7, 8], tf.int64),
+             "rating": tf.constant([4.0, 2.0, 5.0])}
+    inputs = model.tower_inputs(batch, training=True)  # inserts the ids
+    rates = []
+
+    def zeroed(rows, names, rate):
+        rates.append(rate)
+        return {**rows, **{n: tf.zeros_like(rows[n]) for n in names}}
+
+    monkeypatch.setattr(ctr_model, "dropped_embeddings", zeroed)
+    labels = batch["rating"]
+    zero_rows = {n: tf.zeros_like(v) for n, v in inputs.items()}
+    expected = (tf.reduce_mean(model.head.row_loss(labels, tower(zero_rows))).numpy()
+                + 0.5 * embedding_penalty(inputs, ["item_id", "age"]).numpy())
+    np.testing.assert_allclose(model._loss(batch, training=True).numpy(), expected, rtol=1e-5)
+    assert rates == [0.3]
+    plain = tf.reduce_mean(model.head.row_loss(labels, tower(inputs))).numpy()
+    np.testing.assert_allclose(model._loss(batch, training=False).numpy(), plain, rtol=1e-5)
+    assert rates == [0.3]
 
 
 @pytest.mark.parametrize("dense", [None, {"d": 3}], ids=["deepfm", "dlrm"])

@@ -96,6 +96,10 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
                               ">= 0"),
     ("meta.label_shift=0.5", "'meta.label_shift' = 0.5 is not allowed: expected 0 with a "
                              "'binary' head"),
+    ("meta.grad_dropout=1", "'meta.grad_dropout' = 1.0 is not allowed: expected a number "
+                            "<= 0.9"),
+    ("meta.grad_dropout=-0.1", "'meta.grad_dropout' = -0.1 is not allowed: expected a number "
+                               ">= 0"),
     ("train.pretrain_steps=-5", "'train.pretrain_steps' = -5 is not allowed: expected an "
                                 "integer >= 0"),
     ("train.valid_resplits=0", "'train.valid_resplits' = 0 is not allowed: expected an "
@@ -223,6 +227,13 @@ def test_pretraining_is_for_the_meta_model():
     with pytest.raises(ConfigError, match="'train.pretrain_steps' = 20 is not allowed: "
                                           "expected 0 while meta.enabled is false"):
         load_config("default", ["train.pretrain_steps=20", "meta.enabled=false"])
+
+
+def test_gradient_dropout_is_for_the_meta_model():
+    assert load_config("default", ["meta.grad_dropout=0.2"]).meta.grad_dropout == 0.2
+    with pytest.raises(ConfigError, match="'meta.grad_dropout' = 0.2 is not allowed: "
+                                          "expected 0 with meta.enabled: false"):
+        load_config("default", ["meta.grad_dropout=0.2", "meta.enabled=false"])
 
 
 def test_ridge_adaptation_is_for_a_melu_rating_model():
