@@ -764,22 +764,21 @@ def check_consistency(config: PipelineConfig) -> None:
             raise _fail(key, value, f"0 for tower '{model.tower}' with a '{model.head.kind}' "
                         f"head (ridge adaptation solves MeLU's output layer for a rating head's "
                         f"squared error)")
-    # Options of a meta task's ratings: (key, why a rating head, why meta-learning).
+    # Options of meta-training: (key, why a rating head or None for any head, why
+    # meta-learning).
     for key, of_ratings, of_tasks in (
             ("within_task_loss", "a task's centred squared error is of ratings",
              "a plain model's row batches hold no whole tasks"),
             ("label_shift", "a task's ratings are shifted",
-             "it shifts a meta task's ratings")):
+             "it shifts a meta task's ratings"),
+            ("grad_dropout", None,
+             "it drops inner-loop gradients; a plain model has no inner loop")):
         value = getattr(config.meta, key)
-        if value and model.head.kind != "rating":
+        if value and of_ratings and model.head.kind != "rating":
             raise _fail(f"meta.{key}", value,
                         f"0 with a '{model.head.kind}' head ({of_ratings})")
         if value and not config.meta.enabled:
             raise _fail(f"meta.{key}", value, f"0 with meta.enabled: false ({of_tasks})")
-    if config.meta.grad_dropout and not config.meta.enabled:
-        raise _fail("meta.grad_dropout", config.meta.grad_dropout,
-                    "0 with meta.enabled: false (it drops inner-loop gradients; a plain "
-                    "model has no inner loop)")
     if model.members > 1 and config.meta.enabled:
         raise _fail("model.members", model.members, "1 with meta.enabled: true (an ensemble "
                     "of towers trains as a plain model)")
