@@ -289,7 +289,8 @@ class TrainConfig:
     ``baseline_embedding_l2`` (default ``embedding_l2``) is the baseline's (``gmeta tune``
     searches both).
     ``embedding_dropout`` drops out, in training, the embedded rows the tower reads at
-    that rate (dropout, Srivastava et al. 2014), in both models alike; for the meta model
+    that rate (dropout, Srivastava et al. 2014), in both models alike (with
+    ``model.linear``, each row's id weight, the first-order term, too); for the meta model
     one draw a step serves the inner and outer loops.
     ``pretrain_steps``: the meta model's first this many steps train its unadapted
     predictions on every row of the step's tasks (the baseline's objective), then
