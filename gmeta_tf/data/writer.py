@@ -17,9 +17,10 @@ import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
+from gmeta_tf.atomic_file import fsync_dir
 from gmeta_tf.data import filesystem as fs
 from gmeta_tf.data.errors import DataError
-from gmeta_tf.data.manifest import FILE_FORMATS, FileEntry, Manifest, sha256_of
+from gmeta_tf.data.manifest import FILE_FORMATS, MANIFEST_NAME, FileEntry, Manifest, sha256_of
 from gmeta_tf.data.schema import TASK_COLUMN, Schema
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,9 @@ class DatasetWriter:
         rows_per_file: A file is closed at the first block end past this many rows.
         rows_per_block: A block (Parquet row group; the unit of sharding) ends at the first
             task end past this many rows.
-        overwrite: Replace an existing dataset at ``out_dir``.
+        overwrite: Replace an existing dataset at ``out_dir`` (a directory holding a
+            dataset's manifest and files and nothing else) or an empty directory; anything
+            else there is refused, never deleted.
 
     Example::
 
@@ -129,8 +132,11 @@ class DatasetWriter:
         if file_format not in FILE_FORMATS:
             raise DataError("unknown file format", value=file_format, expected=f"one of {FILE_FORMATS}")
         self.out_dir = os.path.abspath(fs.local(out_dir))
-        if os.path.exists(self.out_dir) and not overwrite:
-            raise DataError("output exists (pass overwrite=True / --overwrite)", file=self.out_dir)
+        if os.path.lexists(self.out_dir):
+            if not overwrite:
+                raise DataError("output exists: a dataset there is replaced only with "
+                                "--overwrite (OutputConfig(overwrite=True))", file=self.out_dir)
+            _check_replaceable(self.out_dir)
         self.schema, self.file_format = schema, file_format
         self.arrow_schema = schema.arrow_schema()
         self.rows_per_file, self.rows_per_block = rows_per_file, rows_per_block
@@ -160,12 +166,15 @@ class DatasetWriter:
         files = [e for name in sorted(self._splits) for e in self._splits[name].entries]
         manifest = Manifest(self.schema, self.file_format, files, split)
         manifest.save(self.tmp_dir)
+        _fsync_tree(self.tmp_dir)  # durable before the old dataset is let go
         trash = None
-        if os.path.exists(self.out_dir):
+        if os.path.lexists(self.out_dir):
+            _check_replaceable(self.out_dir)  # again: it may have changed while converting
             _log_replacement(self.out_dir, manifest)
             trash = self.tmp_dir + ".old"
             os.replace(self.out_dir, trash)
         os.replace(self.tmp_dir, self.out_dir)
+        fsync_dir(os.path.dirname(self.out_dir))
         if trash:
             shutil.rmtree(trash, ignore_errors=True)
         log.info("wrote %s: %d files, %d rows, %d tasks", self.out_dir, len(files),
@@ -178,6 +187,48 @@ class DatasetWriter:
             if s._file is not None:
                 s._file.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+def _check_replaceable(out_dir: str) -> None:
+    """Refuses to replace what is not a dataset: a file, or a directory holding anything
+    but a dataset's manifest and the files it lists (a raw input, a run's checkpoints, a
+    user's notes). An empty directory, or one whose manifest is unreadable (a damaged
+    dataset), may be replaced."""
+    expected = (f"a new path, an empty directory or a dataset directory ({MANIFEST_NAME} and "
+                f"its files only); --overwrite replaces a dataset, nothing else")
+    if not os.path.isdir(out_dir) or os.path.islink(out_dir):
+        raise DataError("output is not a directory", file=out_dir, expected=expected)
+    entries = sorted(os.listdir(out_dir))
+    if not entries:
+        return
+    if MANIFEST_NAME not in entries:
+        raise DataError(f"output holds no dataset ({MANIFEST_NAME} missing) but "
+                        f"{_some(entries)}: nothing there is deleted", file=out_dir,
+                        expected=expected)
+    try:
+        listed = Manifest.load(out_dir).files
+    except DataError:
+        return  # a damaged dataset: replaced, with a warning (``_log_replacement``)
+    ours = {MANIFEST_NAME} | {f.path.replace("\\", "/").split("/")[0] for f in listed}
+    foreign = [e for e in entries if e not in ours]
+    if foreign:
+        raise DataError(f"the dataset directory also holds {_some(foreign)}, which its "
+                        f"manifest does not list: nothing there is deleted", file=out_dir,
+                        expected=expected)
+
+
+def _some(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _fsync_tree(root: str) -> None:
+    """fsyncs every file and directory under ``root`` (a staged dataset)."""
+    for directory, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(directory, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(directory)
 
 
 def _log_replacement(out_dir: str, new: Manifest) -> None:

@@ -223,6 +223,70 @@ def test_converter_refuses_to_overwrite_by_default(tmp_path, raw_csv):
         convert_small(raw_csv, tmp_path / "out")
 
 
+def _tree(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("what", ["a directory of other files", "a dataset beside a note",
+                                  "a file"])
+def test_overwrite_replaces_a_dataset_and_nothing_else(tmp_path, what):
+    """--overwrite never deletes what is not a dataset: a directory holding the very CSV
+    being converted (a pipeline whose data.path is the raw file's directory), a dataset
+    directory a user also put a note in, a file. Each is refused, named, and left whole."""
+    if what == "a directory of other files":
+        out = tmp_path / "mydata"
+        out.mkdir()
+        src = write_csv(out / "in.csv", GOOD)
+        (out / "notes.txt").write_text("keep me")
+        problem = r"output holds no dataset \(manifest.json missing\) but 'in.csv', 'notes.txt'"
+    else:
+        src = write_csv(tmp_path / "in.csv", GOOD)
+        out = tmp_path / "out"
+        if what == "a file":
+            out.write_text("precious")
+            problem = "output is not a directory"
+        else:
+            data.convert_csv(str(src), str(out), MAPPING, split=SPLIT)
+            (out / "notes.txt").write_text("keep me")
+            problem = "the dataset directory also holds 'notes.txt', which its manifest does not list"
+    before = _tree(tmp_path)
+    with pytest.raises(data.DataError, match=f"{out}: {problem}.*--overwrite replaces a dataset"):
+        data.convert_csv(str(src), str(out), MAPPING, split=SPLIT,
+                         output=data.OutputConfig(overwrite=True))
+    assert _tree(tmp_path) == before
+    assert not [p for p in tmp_path.rglob(".*tmp-*")]  # no temporary left behind
+
+
+def test_overwrite_replaces_a_dataset_or_an_empty_directory(tmp_path):
+    src = write_csv(tmp_path / "in.csv", GOOD)
+    for out in (tmp_path / "empty", tmp_path / "ds"):
+        out.mkdir()
+        data.convert_csv(str(src), str(out), MAPPING, split=SPLIT,
+                         output=data.OutputConfig(overwrite=True))
+        again = data.convert_csv(str(src), str(out), MAPPING, split=SPLIT,
+                                 output=data.OutputConfig(overwrite=True))
+        assert data.Manifest.load(str(out)).files == again.files
+
+
+def test_a_compressed_csv_is_named_as_compressed(tmp_path):
+    import gzip
+
+    src = tmp_path / "in.csv"
+    src.write_bytes(gzip.compress(("\n".join(["user_id,item_id,label"] + GOOD) + "\n").encode()))
+    with pytest.raises(data.DataError, match=f"{src}: the file is gzip-compressed.*gunzip"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_mapped_column_named_twice_in_the_header_is_refused(tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(["user_id,item_id,label,label"] + [f"{g},0" for g in GOOD]) + "\n")
+    with pytest.raises(data.DataError, match=f"{src}: column 'label': mapped column 'label' "
+                       r"names 2 columns of this file \(columns 3, 4 of line 1\)"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
+
+
 def test_a_malformed_criteo_tsv_names_the_file_and_row(tmp_path):
     """pyarrow parses the first block while opening: that error is a DataError too."""
     from gmeta_tf import data

@@ -83,7 +83,7 @@ class _LineNumbers:
             line, found, text = self.pending[0]
             raise DataError(f"line {line}: malformed line with {found} columns, expected "
                             f"{len(self.names)} ({', '.join(self.names)}); --bad-rows skip "
-                            f"drops such lines", file=self.path,
+                            f"(data.bad_rows: skip) drops such lines", file=self.path,
                             value=self.dialect.as_written(text)[:200])
         counts.lines_skipped_malformed += len(self.pending)
         self.pending.clear()
@@ -212,8 +212,32 @@ def _prefix_at_end(text: bytes, delimiter: bytes) -> int:
     return 0
 
 
+#: The leading bytes of compressed files a CSV converter may be handed by mistake.
+COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz",
+                    b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+
+
+def refuse_compressed(path: str) -> None:
+    """A compressed file is named as such (the converters read plain text), not reported as
+    text in the wrong encoding."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(6)
+    except FileNotFoundError as e:
+        raise DataError("input file not found", file=path) from e
+    for magic, kind in COMPRESSED_MAGIC.items():
+        if start.startswith(magic):
+            raise DataError(f"the file is {kind}-compressed; the CSV converters read plain "
+                            f"text: decompress it first (e.g. {_UNPACK[kind]})", file=path)
+
+
+_UNPACK = {"gzip": "gunzip -k FILE", "bzip2": "bunzip2 -k FILE", "xz": "unxz -k FILE",
+           "zstd": "zstd -d FILE", "zip": "unzip FILE"}
+
+
 def header_of(path: str, dialect: CsvDialect) -> list[str]:
     """The column names on the first line of a CSV file."""
+    refuse_compressed(path)
     try:
         with open(path, "rb") as f:
             first = dialect.split_line(f.readline().decode(dialect.encoding).lstrip("\ufeff"))
@@ -240,6 +264,7 @@ def file_columns(path: str, dialect: CsvDialect, header: bool,
     without one; with both, ``names`` in place of the header line's, one for each of them
     (a file whose columns are named otherwise than a pipeline expects, read unedited)."""
     if not header:
+        refuse_compressed(path)
         return list(names or [])
     in_file = header_of(path, dialect)
     if not names:
@@ -253,11 +278,17 @@ def file_columns(path: str, dialect: CsvDialect, header: bool,
 
 def check_columns(path: str, wanted: list[str], available: list[str], what: str,
                   hint: str = "") -> None:
-    """Names the first wanted column the file does not have (``hint``: how else to name it)."""
+    """Names the first wanted column the file does not have (``hint``: how else to name it),
+    or has twice (which of the two is meant is not known)."""
     for name in wanted:
         if name not in available:
             raise DataError(f"{what} {name!r} is not a column of this file", file=path,
                             column=name, expected=f"one of {available}{hint}")
+        at = [i + 1 for i, n in enumerate(available) if n == name]
+        if len(at) > 1:
+            raise DataError(f"{what} {name!r} names {len(at)} columns of this file (columns "
+                            f"{', '.join(map(str, at))} of line 1)", file=path, column=name,
+                            expected=f"one column of that name{hint}")
 
 
 def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: bool,

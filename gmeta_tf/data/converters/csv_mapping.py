@@ -257,7 +257,8 @@ class _RowParser:
         if self.policy == "error":
             i = int(np.flatnonzero(bad)[0])
             _, column, problem = next(p for p in problems if p[0][i])
-            raise DataError(f"line {lines[i]}: {problem}; --bad-rows skip drops such rows",
+            raise DataError(f"line {lines[i]}: {problem}; --bad-rows skip (data.bad_rows: skip) "
+                            "drops such rows",
                             file=path, column=in_header.get(column, column),
                             value=text[column][i].as_py())
         self.counts.rows_skipped_bad_value += int(bad.sum())
