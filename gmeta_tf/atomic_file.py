@@ -18,6 +18,16 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def fsync_tree(root: str | os.PathLike) -> None:
+    """fsyncs every file and directory under ``root`` (a staged directory, before it is
+    renamed into place and what it replaces is let go)."""
+    for directory, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(directory, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(directory)
+
+
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
     """Calls ``write(tmp_path)``, fsyncs the file and renames it to ``path``; a failed write
     leaves ``path`` as it was and removes the temporary file."""

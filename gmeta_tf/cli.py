@@ -96,7 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     ex = _with_config(sub.add_parser("export", help="export a SavedModel for serving"))
     ex.add_argument("--checkpoint", help="checkpoint directory (default: the model's best on "
                                          "validation, else the latest)")
-    ex.add_argument("--out", help="SavedModel directory (default: export.dir)")
+    ex.add_argument("--out", help="SavedModel directory, replacing only an earlier export "
+                                  "there (default: <export.dir>/<step>, a TF Serving version "
+                                  "directory)")
     _with_config(sub.add_parser("config", help="print the checked config as YAML"))
     sub.add_parser("data", help="'prepare' the config's dataset, or any gmeta-data command",
                    add_help=False)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
-from gmeta_tf.atomic_file import fsync_dir
+from gmeta_tf.atomic_file import fsync_dir, fsync_tree
 from gmeta_tf.data import filesystem as fs
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import FILE_FORMATS, MANIFEST_NAME, FileEntry, Manifest, sha256_of
@@ -166,7 +166,7 @@ class DatasetWriter:
         files = [e for name in sorted(self._splits) for e in self._splits[name].entries]
         manifest = Manifest(self.schema, self.file_format, files, split)
         manifest.save(self.tmp_dir)
-        _fsync_tree(self.tmp_dir)  # durable before the old dataset is let go
+        fsync_tree(self.tmp_dir)  # durable before the old dataset is let go
         trash = None
         if os.path.lexists(self.out_dir):
             _check_replaceable(self.out_dir)  # again: it may have changed while converting
@@ -220,15 +220,6 @@ def _check_replaceable(out_dir: str) -> None:
 def _some(names: list[str]) -> str:
     shown = ", ".join(repr(n) for n in names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def _fsync_tree(root: str) -> None:
-    """fsyncs every file and directory under ``root`` (a staged dataset)."""
-    for directory, _, names in os.walk(root):
-        for name in names:
-            with open(os.path.join(directory, name), "rb") as f:
-                os.fsync(f.fileno())
-        fsync_dir(directory)
 
 
 def _log_replacement(out_dir: str, new: Manifest) -> None:

@@ -34,8 +34,8 @@ from typing import Mapping
 import tensorflow as tf
 
 from gmeta_tf import data as meta_io
-from gmeta_tf.atomic_file import fsync_dir
-from gmeta_tf.config import PipelineConfig
+from gmeta_tf.atomic_file import fsync_dir, fsync_tree
+from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.embedding import ShardedHashEmbedding
 from gmeta_tf.graph_function import graph_function
 from gmeta_tf.meta import MetaModel, TaskAdapter, adapted_outputs, single_task_batch
@@ -156,12 +156,15 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     module = ServingModule(model, specs, adaptation)
     signatures = module.signatures()
     path = Path(path)
+    if path.exists():
+        _check_replaceable(path)  # before the work, and again before the swap
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         tf.saved_model.save(module, str(staging), signatures=signatures)
         info = _write_info(model, module, signatures, staging, path)
+        fsync_tree(staging)  # durable before an export it replaces is let go
         _move_into_place(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -191,6 +194,7 @@ def _move_into_place(staging: Path, path: Path) -> None:
     new one is in its place."""
     old = path.with_name(f".{path.name}.replaced{os.getpid()}")
     if path.exists():
+        _check_replaceable(path)
         os.replace(path, old)
     try:
         os.replace(staging, path)
@@ -200,6 +204,25 @@ def _move_into_place(staging: Path, path: Path) -> None:
         raise
     fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_replaceable(path: Path) -> None:
+    """An export replaces an earlier export (a SavedModel directory) or an empty directory,
+    nothing else: not the export root holding every version TF Serving serves, not a
+    user's files."""
+    expected = ("a new path, an empty directory or an earlier SavedModel (saved_model.pb); "
+                "an export replaces an export, nothing else")
+    if not path.is_dir() or path.is_symlink():
+        raise ConfigError(f"export path {path} is not a directory: {expected}")
+    entries = sorted(p.name for p in path.iterdir())
+    if entries and "saved_model.pb" not in entries:
+        versions = [e for e in entries if e.isdigit()]
+        what = (f"the version directories {', '.join(versions[:3])}"
+                f"{' and more' if len(versions) > 3 else ''} (an export root: give its "
+                f"new version, e.g. {path / str(int(max(versions, key=int)) + 1)})"
+                if versions else ", ".join(repr(e) for e in entries[:3]))
+        raise ConfigError(f"export path {path} holds no SavedModel but {what}; nothing "
+                          f"there is deleted: {expected}")
 
 
 def export_pipeline(config: PipelineConfig, checkpoint_path: str | None = None,

@@ -30,7 +30,7 @@ from gmeta_tf.training.evaluation import (by_support_size, comparison, compariso
                                          format_undone,
                                          paired_against_first)
 from gmeta_tf.training.model_builder import Models, build_models, set_configured_blend
-from gmeta_tf.training.selection import best_checkpoints
+from gmeta_tf.training.selection import BEST_FILE, best_checkpoints
 
 log = logging.getLogger(__name__)
 EVAL_DIR = "eval"
@@ -76,6 +76,11 @@ def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:
     complete = {d.name for d in checkpoint.complete_checkpoints(root)}
     chosen = {name: b for name, b in best.items()
               if name != "metric" and f"ckpt-{b['step']}" in complete}
+    for name, b in best.items():
+        if name != "metric" and name not in chosen:
+            log.warning("%s names step %d as the %s's best checkpoint on validation, but "
+                        "%s is missing or incomplete: the %s is restored otherwise (below)",
+                        root / BEST_FILE, b["step"], name, root / f"ckpt-{b['step']}", name)
     if "model" in chosen:
         step = chosen["model"]["step"]
         models, manifest = _restore(config, root / f"ckpt-{step}")
@@ -105,6 +110,22 @@ def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:
         info["chosen"] = {n: {"step": b["step"], best["metric"]: b["value"]}
                           for n, b in chosen.items()}
     return models, info
+
+
+def _check_unique_names(splits: list[str], items: list[str]) -> None:
+    """Each target of one ``gmeta eval`` writes ``eval/<name>.json`` (and an item converted
+    from a file, ``eval/data/<name>``): two of one name would overwrite each other."""
+    from gmeta_tf.training.dataset_prep import eval_name
+
+    seen = {s: f"the {s!r} split" for s in splits}
+    for item in items:
+        name = eval_name(item)
+        if name in seen:
+            raise ConfigError(f"eval data {item!r} would be scored as {name!r}, as "
+                              f"{seen[name]} is: their results (eval/{name}.json) would "
+                              f"overwrite each other; expected eval data of distinct names "
+                              f"(rename or copy one)")
+        seen[name] = f"eval data {item!r}"
 
 
 def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
@@ -147,7 +168,9 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         targets.append((split, split, None, "validation"))
     if config.eval.split and not validation_only:
         targets.append((config.eval.split, config.eval.split, None, "evaluation"))
-    for item in ([] if validation_only else data if data is not None else config.eval.data):
+    items = [] if validation_only else data if data is not None else config.eval.data
+    _check_unique_names([t[0] for t in targets], items)
+    for item in items:
         name, dataset = eval_dataset(config, item)
         check_against_dataset(config, meta_io.Manifest.load(dataset), training=False,
                               eval_split=False)

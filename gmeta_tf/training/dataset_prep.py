@@ -246,6 +246,15 @@ def _make(config: PipelineConfig, world_size: int) -> meta_io.Manifest:
     return meta_io.convert_csv(d.raw, d.path, csv_mapping(config), split=split, output=output)
 
 
+def eval_name(item: str) -> str:
+    """The name ``gmeta eval`` scores an eval data item under (its results file
+    ``<run_dir>/eval/<name>.json``, its converted dataset ``<run_dir>/eval/data/<name>``):
+    a dataset directory's name, a file's name without its extension."""
+    if dataset_exists(item):
+        return os.path.basename(os.path.normpath(item))
+    return os.path.splitext(os.path.basename(item))[0]
+
+
 def eval_dataset(config: PipelineConfig, item: str) -> tuple[str, str]:
     """A dataset to score with ``gmeta eval``: ``(name, dataset directory)``.
 
@@ -256,15 +265,17 @@ def eval_dataset(config: PipelineConfig, item: str) -> tuple[str, str]:
     model, all rows scored for a plain CTR model.
     """
     if dataset_exists(item):
-        return os.path.basename(os.path.normpath(item)), item
+        return eval_name(item), item
     if not os.path.isfile(item):
         raise ConfigError(f"eval data {item!r} is neither a dataset directory (with "
                           f"{MANIFEST_NAME}) nor a file")
-    stem = os.path.splitext(os.path.basename(item))[0]
+    stem = eval_name(item)
     out = os.path.join(config.run_dir, "eval", "data", stem)
     protocol = _split(config)
     if config.meta.enabled:
-        split = dataclasses.replace(protocol, warm_fraction=1.0, valid_fraction=0.0)
+        # every task scored, so bounded by max_rows as the protocol's scored tasks are
+        split = dataclasses.replace(protocol, warm_fraction=1.0, valid_fraction=0.0,
+                                    train_long_tasks=False)
     else:
         split = meta_io.SplitConfig(seed=protocol.seed, warm_fraction=1.0, valid_fraction=0.0,
                                     query_size=0, min_rows=1)

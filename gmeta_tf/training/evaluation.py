@@ -105,10 +105,11 @@ def meta_adaptation(model: MetaModel, steps: int | None = None) -> AdaptationFn:
 
 
 def baseline_steps(config: PipelineConfig) -> int:
-    """The baseline's fine-tuning steps: ``eval.baseline_steps``, default the meta k."""
+    """The baseline's fine-tuning steps: ``eval.baseline_steps``, default the meta model's
+    k (``eval.adapt_steps``, else ``meta.inner_steps``), so the two adapt alike unless told."""
     if config.eval.baseline_steps is not None:
         return config.eval.baseline_steps
-    return config.meta.inner_steps
+    return adaptation_steps(config, "model")
 
 
 def fine_tune_adaptation(model: tf.keras.Model, config: PipelineConfig,

@@ -178,6 +178,7 @@ class Trainer:
         on_all_ranks(check, "checking the config and the dataset")
 
     def _start_step(self, models: Models) -> int:
+        self._recover_aside()
         if self.fresh:
             self._set_aside()
             return 0
@@ -205,6 +206,31 @@ class Trainer:
             os.replace(self.ckpt_dir, self._aside)
             log.info("--fresh: the earlier checkpoints are set aside at %s until this run "
                      "writes its first checkpoint", self._aside)
+        distributed.barrier()
+
+    def _recover_aside(self) -> None:
+        """Checkpoints a ``--fresh`` run set aside and could not put back (it was killed
+        before its first checkpoint): back in place if the run left none of its own, so
+        ``--resume`` and ``gmeta eval`` find them; deleted if it did (its first checkpoint
+        is complete, as ``_drop_aside`` would have done)."""
+        if self.rank == 0:
+            left = sorted(self.ckpt_dir.parent.glob(f"{self.ckpt_dir.name}.replaced-*"))
+            good = [d for d in left if checkpoint.latest(d) is not None]
+            if good and checkpoint.latest(self.ckpt_dir) is None:
+                newest = good[-1]
+                left.remove(newest)
+                if self.ckpt_dir.exists():
+                    shutil.rmtree(self.ckpt_dir)  # no complete checkpoint in it
+                os.replace(newest, self.ckpt_dir)
+                log.warning("%s held no complete checkpoint: the checkpoints an earlier "
+                            "--fresh run set aside (it stopped before its first one) are "
+                            "back in place from %s", self.ckpt_dir, newest)
+            if checkpoint.latest(self.ckpt_dir) is None:
+                left = []  # nothing known good here: every set-aside directory stays
+            for stale in left:
+                shutil.rmtree(stale, ignore_errors=True)
+                log.info("deleted %s, set aside by an earlier --fresh run that wrote "
+                         "checkpoints of its own", stale)
         distributed.barrier()
 
     def _drop_aside(self) -> None:
@@ -486,7 +512,12 @@ class Trainer:
                                               if n not in self._resting()))
         bar.close()
         self._drop_initial()
-        if last_ckpt is None or not last_ckpt.name.endswith(f"-{done}"):
+        if done == start and start:
+            # Nothing trained since the checkpoint this run resumed from (a finished run,
+            # or every model stopped; a start past 0 is always a restored step): it is the
+            # last one, not written again in place.
+            last_ckpt = self.ckpt_dir / f"ckpt-{start}"
+        elif last_ckpt is None or not last_ckpt.name.endswith(f"-{done}"):
             last_ckpt = self._save(models, done, selection)
         for name, best in sorted(selection.best.items()):
             log.info("best checkpoint of the %s: step %d (validation %s %.4f)", name, best.step,
@@ -655,7 +686,7 @@ class Trainer:
         log.info("step %d validation (%s split, %d tasks, %d rows) on %s: %s", step, split,
                  int(shown.get("tasks", 0)), int(shown.get("rows", 0)), selection.metric,
                  "; ".join(parts))
-        if self.rank == 0:
+        if self.rank == 0 and not improved:  # a new best is recorded once it is saved
             selection.save(self.ckpt_dir)
         return main, improved
 
@@ -672,12 +703,16 @@ class Trainer:
         return float(distributed.sum_over_ranks(np.array([mine], np.float64))[0])
 
     def _save(self, models: Models, step: int, selection: Selection) -> Path:
-        """Checkpoints, then prunes all but the newest ``train.keep_checkpoints`` and each
-        model's best (``checkpoint.prune``: renamed before deletion, crash-safe)."""
+        """Checkpoints, records the selection (``BEST.json`` names a best step only once its
+        checkpoint is complete, and never one already pruned), then prunes all but the
+        newest ``train.keep_checkpoints`` and each model's best (``checkpoint.prune``:
+        renamed before deletion, crash-safe)."""
         path = checkpoint.save(self.ckpt_dir, models.state, step, models.optimizers)
         log.info("checkpoint %s", path)
         self._drop_aside()
         if self.rank == 0:
+            if selection.history or selection.halted:  # a run without validation has none
+                selection.save(self.ckpt_dir)
             checkpoint.prune(self.ckpt_dir, self.config.train.keep_checkpoints,
                              protect=selection.protected_steps)
         distributed.barrier()

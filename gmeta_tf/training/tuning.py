@@ -200,7 +200,8 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
             params["ridge"] = _nearest(m.ridge, RIDGE)
         return params
     if name == "baseline":
-        steps = e.baseline_steps if e.baseline_steps is not None else m.inner_steps
+        steps = (e.baseline_steps if e.baseline_steps is not None else
+                 e.adapt_steps if e.adapt_steps is not None else m.inner_steps)
         params = {"learning_rate": _clip(t.baseline_learning_rate or t.learning_rate,
                                          1e-4, 1e-2),
                   "fine_tune_lr": _clip(e.baseline_lr, 1e-3, 3.0),

@@ -152,3 +152,25 @@ def test_a_prior_beside_a_dense_feature_of_its_input_name_is_refused():
     raw["model"]["prior"] = {"feature": "item_id"}
     with pytest.raises(ConfigError, match=f"model.dense_features.{PRIOR_INPUT}"):
         _check_features(from_dict(raw).model, schema)
+
+
+def test_held_out_tasks_are_folded_in_from_all_their_support_rows(tiny_data, tmp_path):
+    """The training tasks held out to choose the factorisation's settings are folded in as
+    validation and cold tasks are adapted: from every one of their support rows, not the
+    training batches' support slots (``data.support``)."""
+    from gmeta_tf.training.prior_fit import held_out_protocol
+
+    config = load_config("default", tiny_overrides(tmp_path / "run", tiny_data)
+                         + ["data.support=3"])
+    protocol = held_out_protocol(config)
+    rows = 3 * protocol.min_rows
+    valid = meta_io.TaskDataset(str(tiny_data), "valid", rank=0, size=1)
+    scored = next(iter(valid.tasks(8, None, None)))
+    assert np.asarray(scored["support"]["mask"]).shape[1] > 3  # scored: every support row
+    rng = np.random.default_rng(0)
+    tasks = np.repeat(np.arange(30), rows)
+    folds = protocol.folds_of(tasks, rng.integers(0, 50, tasks.size), rng.random(tasks.size))
+    assert folds
+    for _, task, _ in folds:
+        assert task.mask.shape[1] == rows - protocol.query
+        np.testing.assert_array_equal(task.mask.sum(axis=1), rows - protocol.query)

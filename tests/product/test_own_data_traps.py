@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gmeta_tf import checkpoint
@@ -178,6 +179,22 @@ def test_a_dataset_split_before_long_validation_tasks_were_trained_on_is_made_ag
     rows = {s: c["rows"] for s, c in again.per_split().items()}
     assert rows["valid"] / (rows["valid"] + rows["warm"]) < 0.3 / 2
     assert "the validation split holds" not in caplog.text
+
+
+def test_eval_data_from_a_file_keeps_the_protocols_bound_on_scored_tasks(tmp_path):
+    """A file given to gmeta eval is scored whole under the pipeline's protocol: a task of
+    more than max_rows rows is dropped there, as it is from the validation and cold
+    splits (every setting was chosen on tasks of at most that many rows)."""
+    from gmeta_tf.training.dataset_prep import eval_dataset
+
+    config = _ratings_pipeline(tmp_path, "data.split={query_size: 5, min_rows: 10, "
+                                         "max_rows: 14, valid_fraction: 0.3}")
+    name, out = eval_dataset(config, str(tmp_path / "ratings.csv"))
+    manifest = meta_io.Manifest.load(out)
+    assert name == "ratings" and manifest.split["dropped_long"] > 0
+    rows = meta_io.TaskDataset(out, "warm", rank=0, size=1).rows(100_000)
+    tasks = np.concatenate([np.asarray(b["task_id"]) for b in rows])
+    assert np.unique(tasks, return_counts=True)[1].max() <= 14
 
 
 def test_a_dataset_source_refuses_a_config_it_does_not_fit(tmp_path):

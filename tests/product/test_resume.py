@@ -55,6 +55,67 @@ def test_existing_checkpoints_need_resume_or_fresh(tiny_data, tmp_path, capsys):
     assert "already has checkpoints (latest ckpt-4): pass --resume" in capsys.readouterr().err
 
 
+def _files(ckpt: Path) -> dict[str, tuple[int, int]]:
+    """Each file of a checkpoint by its inode and modification time: rewritten files differ."""
+    return {str(p.relative_to(ckpt)): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sorted(ckpt.rglob("*")) if p.is_file()}
+
+
+def test_resuming_a_finished_run_leaves_its_last_checkpoint_as_written(tiny_data, tmp_path):
+    """A run resumed with nothing left to train does not write its restored checkpoint
+    again in place (a kill during that write would leave it, the best one perhaps, broken)."""
+    _train(tmp_path / "run", tiny_data, 4, "--fresh")
+    ckpt = tmp_path / "run" / "checkpoints" / "ckpt-4"
+    before = _files(ckpt)
+    _train(tmp_path / "run", tiny_data, 4, "--resume")
+    assert _files(ckpt) == before
+    assert checkpoint.latest(tmp_path / "run" / "checkpoints") == ckpt
+
+
+def test_checkpoints_a_killed_fresh_run_set_aside_come_back(tiny_data, tmp_path, capfd):
+    """--fresh sets the old checkpoints aside until its first checkpoint; killed before it
+    (no `except` runs), the next run puts them back, and --resume continues from them."""
+    _train(tmp_path / "run", tiny_data, 4, "--fresh")
+    root = tmp_path / "run" / "checkpoints"
+    aside = root.with_name("checkpoints.replaced-20260101T000000")
+    root.rename(aside)  # what a --fresh run killed before its first checkpoint leaves
+    (root / "ckpt-4").mkdir(parents=True)  # and a save it never finished
+    capfd.readouterr()
+    _train(tmp_path / "run", tiny_data, 8, "--resume")
+    log = capfd.readouterr().err
+    assert f"are back in place from {aside}" in log and "(step 4, saved by 1 ranks)" in log
+    assert checkpoint.latest(root).name == "ckpt-8" and not aside.exists()
+
+
+def test_the_best_checkpoint_is_recorded_only_once_it_is_saved(tiny_data, tmp_path,
+                                                                  monkeypatch):
+    """BEST.json never names a step whose checkpoint was not written: a save that fails
+    (a full disk, a kill) leaves the record of the best one that exists."""
+    from gmeta_tf.training.selection import best_checkpoints
+
+    saved, failed, real_save = [], [], checkpoint.save
+
+    def save_failing_from_step_4(root, state, step, *args, **kwargs):
+        if step >= 4:  # the first save after the first validation's: a new best's
+            failed.append(step)
+            raise OSError(28, "No space left on device")
+        saved.append(step)
+        return real_save(root, state, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save", save_failing_from_step_4)
+    sets = set_args(tiny_overrides(tmp_path / "run", tiny_data, 12)
+                    + ["train.eval_every=2", "train.checkpoint_every=0",
+                       "train.select_metric=logloss"])
+    with pytest.raises(OSError, match="No space left"):
+        main(["train", "--fresh", *sets])
+    assert 2 in saved and failed[0] < 12  # it failed saving a new best, not at the end
+    best = best_checkpoints(tmp_path / "run" / "checkpoints")
+    named = {n: b["step"] for n, b in best.items() if n != "metric"}
+    assert named and set(named.values()) <= set(saved), (named, saved)
+    for step in named.values():
+        assert (tmp_path / "run" / "checkpoints" / f"ckpt-{step}" / "MANIFEST.json").is_file()
+
+
 @pytest.mark.parametrize("flags", [["--resume", "--fresh"]])
 def test_resume_and_fresh_exclude_each_other(flags):
     with pytest.raises(SystemExit):

@@ -149,6 +149,28 @@ def test_eval_validation_only_scores_the_validation_split_alone(trained, tiny_da
     assert "is not allowed with --validation-only" in capsys.readouterr().err
 
 
+def test_eval_data_of_one_name_is_refused_before_anything_is_scored(trained, tiny_data,
+                                                                    tmp_path, capsys):
+    """Each scored set writes eval/<name>.json (a file's name without its extension): two
+    files of one name, or a file named as the scored split, would overwrite each other's
+    results (and the first file's converted rows), so they are refused, naming both."""
+    sets = set_args(tiny_overrides(Path(trained.run_dir), tiny_data) + MAML_PLUS_PLUS)
+    for sub in ("dev", "test"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "part.csv").write_text("unused\n")
+    (tmp_path / f"{trained.eval.split}.csv").write_text("unused\n")
+    before = sorted(p.name for p in Path(trained.run_dir, "eval").rglob("*"))
+    capsys.readouterr()
+    assert main(["eval", "--data", str(tmp_path / "dev" / "part.csv"),
+                 "--data", str(tmp_path / "test" / "part.csv"), *sets]) == 2
+    err = capsys.readouterr().err
+    assert (f"eval data '{tmp_path / 'test' / 'part.csv'}' would be scored as 'part', as eval "
+            f"data '{tmp_path / 'dev' / 'part.csv'}' is") in err
+    assert main(["eval", "--data", str(tmp_path / f"{trained.eval.split}.csv"), *sets]) == 2
+    assert f"as the '{trained.eval.split}' split is" in capsys.readouterr().err
+    assert sorted(p.name for p in Path(trained.run_dir, "eval").rglob("*")) == before
+
+
 def test_eval_validation_refuses_a_split_the_dataset_lacks(trained, tiny_data, capsys):
     """A validation split the dataset does not have is named before anything is scored:
     the key, the value and the splits there are; every result file stays as it was."""
@@ -218,3 +240,28 @@ def test_an_export_appears_whole_and_replaces_a_version_only_once_complete(train
     assert info["path"] == str(version)
     recorded = json.loads((version / "assets.extra" / saved_model_export.INFO_FILE).read_text())
     assert recorded["path"] == str(version) and recorded["table_rows"] == info["table_rows"]
+
+
+def test_an_export_replaces_an_export_and_nothing_else(trained, tmp_path):
+    """`gmeta export --out` pointed at the export root (every version TF Serving serves) or
+    at a directory of other files is refused before any work, naming the next version, and
+    deletes nothing."""
+    from gmeta_tf.config import ConfigError
+    from gmeta_tf.serving import saved_model_export
+
+    root = tmp_path / "serving"
+    saved_model_export.export_pipeline(trained, out=str(root / "8"))
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match=rf"export path {root} holds no SavedModel but the "
+                       rf"version directories 8 \(an export root: give its new version, e.g. "
+                       rf"{root / '9'}\); nothing there is deleted"):
+        saved_model_export.export_pipeline(trained, out=str(root))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match=f"export path {notes} holds no SavedModel but "
+                                          f"'todo.txt'"):
+        saved_model_export.export_pipeline(trained, out=str(notes))
+    assert (notes / "todo.txt").read_text() == "keep me"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
+                  if not p.is_relative_to(notes)) == before
