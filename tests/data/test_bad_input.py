@@ -287,6 +287,17 @@ def test_a_mapped_column_named_twice_in_the_header_is_refused(tmp_path):
         data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
 
 
+def test_a_file_of_another_delimiter_is_named_with_the_key_that_reads_it(tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(["user_id;item_id;label"] + [g.replace(",", ";") for g in GOOD])
+                   + "\n")
+    with pytest.raises(data.DataError, match=r"holds ';': if that is the file's delimiter, say "
+                       r"so \(mapping key 'delimiter', gmeta data csv --delimiter ';'\)"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    data.convert_csv(str(src), str(tmp_path / "out"), {**MAPPING, "delimiter": ";"},
+                     split=SPLIT)
+
+
 def test_a_malformed_criteo_tsv_names_the_file_and_row(tmp_path):
     """pyarrow parses the first block while opening: that error is a DataError too."""
     from gmeta_tf import data

@@ -282,6 +282,8 @@ def check_columns(path: str, wanted: list[str], available: list[str], what: str,
     or has twice (which of the two is meant is not known)."""
     for name in wanted:
         if name not in available:
+            if len(available) == 1:
+                hint += _delimiter_hint(available[0])
             raise DataError(f"{what} {name!r} is not a column of this file", file=path,
                             column=name, expected=f"one of {available}{hint}")
         at = [i + 1 for i, n in enumerate(available) if n == name]
@@ -289,6 +291,17 @@ def check_columns(path: str, wanted: list[str], available: list[str], what: str,
             raise DataError(f"{what} {name!r} names {len(at)} columns of this file (columns "
                             f"{', '.join(map(str, at))} of line 1)", file=path, column=name,
                             expected=f"one column of that name{hint}")
+
+
+def _delimiter_hint(header: str) -> str:
+    """When a header line read as a single column holds another common delimiter: that
+    the file may be delimited by it."""
+    for found, given in ((";", ";"), ("\t", "tab"), ("|", "|"), ("::", "::")):
+        if found in header:
+            return (f"; the header line reads as one column but holds {found!r}: if that "
+                    f"is the file's delimiter, say so (mapping key 'delimiter', gmeta data "
+                    f"csv --delimiter {given!r})")
+    return ""
 
 
 def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: bool,
