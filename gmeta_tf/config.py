@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import logging
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -450,8 +451,10 @@ def load_config(name_or_path: str | os.PathLike | None = None,
         ConfigError: Unreadable YAML, an unknown key, or a value of the wrong type or range.
     """
     path = resolve_pipeline(name_or_path)
+    text = None
     try:
-        raw = load_yaml(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+        raw = load_yaml(text) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path}: not valid YAML ({err})") from err
     except UnicodeDecodeError as err:
@@ -462,15 +465,67 @@ def load_config(name_or_path: str | os.PathLike | None = None,
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path}: expected a mapping at the top, got "
                           f"{type(raw).__name__}")
-    if tuned:
-        _apply_tuned(raw, overrides)
+    tuned_from = _apply_tuned(raw, overrides) if tuned else None
     for item in overrides:
         apply_override(raw, item)
-    config = from_dict(raw)
+    try:
+        config = from_dict(raw)
+    except ConfigError as err:
+        raise ConfigError(_located(str(err), path, text, overrides, tuned_from)) from err
     return _absolute_paths(config, Path.cwd())
 
 
-def _apply_tuned(raw: dict, overrides: Sequence[str]) -> None:
+def _located(message: str, path: Path, text: str, overrides: Sequence[str],
+             tuned: tuple[Path, dict] | None) -> str:
+    """``message`` naming where the key it names was set: the config file and its line, a
+    ``--set`` override, or the tuned settings (unchanged if it names no key)."""
+    found = re.match(r"config key '([^']+)'", message)
+    if not found:
+        return message
+    key = found.group(1)
+
+    def covers(other: str) -> bool:
+        return other == key or key.startswith(other + ".") or other.startswith(key + ".")
+
+    for item in reversed(list(overrides)):
+        if covers(item.partition("=")[0].strip()):
+            return f"--set {item}: {message}"
+    if tuned is not None and any(covers(k) for k in _dotted_keys(tuned[1])):
+        return f"tuned settings {tuned[0]}: {message}"
+    line = _key_line(text, key)
+    return f"config file {path}, line {line}: {message}" if line else message
+
+
+def _dotted_keys(settings: Mapping, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in settings.items():
+        keys.append(f"{prefix}{k}")
+        if isinstance(v, Mapping):
+            keys += _dotted_keys(v, f"{prefix}{k}.")
+    return keys
+
+
+def _key_line(text: str, key: str) -> int | None:
+    """The line (from 1) where a YAML document sets the dotted ``key``, or the deepest part
+    of it the document has; None if it sets none of it."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        match = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+        if match is None:
+            break
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
+
+
+def _apply_tuned(raw: dict, overrides: Sequence[str]) -> tuple[Path, dict] | None:
+    """Merges ``<run_dir>/tuned.yaml`` into ``raw``; returns its path and settings (None
+    without one)."""
     probe = copy.deepcopy(raw)
     for item in overrides:
         apply_override(probe, item)
@@ -489,6 +544,7 @@ def _apply_tuned(raw: dict, overrides: Sequence[str]) -> None:
     settings.pop(TUNED_AT_KEY, None)
     _merge(raw, settings)
     logging.getLogger(__name__).info("using the settings gmeta tune chose: %s", path)
+    return path, settings
 
 
 def tuned_world_size(run_dir: str | os.PathLike) -> int | None:

@@ -332,8 +332,26 @@ def test_yaml_is_loaded_safely(tmp_path):
 def test_cli_exits_2_with_the_message(capsys):
     assert main(["config", "--set", "train.steps=0"]) == 2
     err = capsys.readouterr().err
-    assert "gmeta: error: config key 'train.steps' = 0 is not allowed: expected an integer >= 1" \
-        in err
+    assert ("gmeta: error: --set train.steps=0: config key 'train.steps' = 0 is not allowed: "
+            "expected an integer >= 1") in err
+
+
+def test_a_bad_value_names_the_file_and_line_or_the_override_that_set_it(tmp_path):
+    """A value refused by the checks is named with where it was set: the config file and
+    the line of its key, or the --set override (which wins over the file)."""
+    config = tmp_path / "mine.yaml"
+    text = (PIPELINES_DIR / "default.yaml").read_text()
+    steps = next(t for t in text.splitlines() if t.startswith("  steps: "))
+    text = text.replace(f"\ntrain:\n{steps}\n", "\ntrain:\n  steps: -3\n", 1)
+    config.write_text(text)
+    line = text.splitlines().index("  steps: -3") + 1
+    with pytest.raises(ConfigError) as err:
+        load_config(config, [f"run_dir={tmp_path}/run"])
+    assert str(err.value).startswith(f"config file {config}, line {line}: config key "
+                                     f"'train.steps' = -3 is not allowed")
+    with pytest.raises(ConfigError) as err:
+        load_config(config, [f"run_dir={tmp_path}/run", "train={steps: -4}"])
+    assert str(err.value).startswith("--set train={steps: -4}: config key 'train.steps' = -4")
 
 
 def test_cli_prints_the_checked_config(capsys):

@@ -82,8 +82,9 @@ def test_good_values_load_and_absent_means_synchronous_without_cache():
 
 def test_cli_staleness_flag_is_checked_like_the_key(capsys):
     assert main(["train", "--set", "meta.enabled=false", "--staleness", "two"]) == 2
-    assert ("gmeta: error: config key 'train.hybrid.staleness' = 'two' is not allowed: "
-            "expected an integer") in capsys.readouterr().err
+    assert ("gmeta: error: --set train.hybrid.staleness=two: config key "
+            "'train.hybrid.staleness' = 'two' is not allowed: expected an integer"
+            ) in capsys.readouterr().err
     assert main(["train", "--staleness", "1"]) == 2  # default pipeline: a meta model
     assert "hybrid training supports the plain CTR model only" in capsys.readouterr().err
 
