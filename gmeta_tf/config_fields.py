@@ -79,6 +79,10 @@ def range_violation(metadata: Mapping[str, Any], value: Any) -> str | None:
         if isinstance(item, str):  # a named choice beside a number: no range
             continue
         kind = "an integer" if isinstance(item, numbers.Integral) else "a number"
+        if ("min" in metadata and "max" in metadata and metadata["max"] <= 1e6
+                and not metadata["min"] <= item <= metadata["max"]):
+            # the whole range, unless its top is only a storage limit (int32's)
+            return f"{kind} in [{metadata['min']}, {metadata['max']}]"
         if "min" in metadata and item < metadata["min"]:
             return f"{kind} >= {metadata['min']}"
         if "max" in metadata and item > metadata["max"]:

@@ -77,7 +77,7 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
                                             "allowed: expected one of ['sgd', 'adagrad', 'adam']"),
     ("data.source=hdfs", "'data.source' = 'hdfs' is not allowed: expected one of"),
     ("data.split.warm_fraction=1.5", "'data.split.warm_fraction' = 1.5 is not allowed: expected "
-                                     "a number <= 1.0"),
+                                     "a number in [0.0, 1.0]"),
     ("meta.adapt_embeddings=[zip]", "'meta.adapt_embeddings' = ['zip'] is not allowed: expected "
                                     "sparse features of the tower"),
     ("model.sparse_features=[user_id, price]", "'model.sparse_features' = ['user_id', 'price'] "
@@ -97,9 +97,9 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
     ("meta.label_shift=0.5", "'meta.label_shift' = 0.5 is not allowed: expected 0 with a "
                              "'binary' head"),
     ("meta.grad_dropout=1", "'meta.grad_dropout' = 1.0 is not allowed: expected a number "
-                            "<= 0.9"),
+                            "in [0.0, 0.9]"),
     ("meta.grad_dropout=-0.1", "'meta.grad_dropout' = -0.1 is not allowed: expected a number "
-                               ">= 0"),
+                               "in [0.0, 0.9]"),
     ("train.pretrain_steps=-5", "'train.pretrain_steps' = -5 is not allowed: expected an "
                                 "integer >= 0"),
     ("train.valid_resplits=0", "'train.valid_resplits' = 0 is not allowed: expected an "
@@ -118,7 +118,7 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
     ("model.prior={feature: item_id, fold_in: 0}", "'model.prior.fold_in' = 0.0 is not "
                                                    "allowed: expected a number > 0"),
     ("model.prior={feature: item_id, blend: 1.5}", "'model.prior.blend' = 1.5 is not "
-                                                   "allowed: expected a number <= 1.0"),
+                                                   "allowed: expected a number in [0.0, 1.0]"),
     ("model.prior={feature: item_id, blend: 0.5}", "'model.prior.blend' = 0.5 is not "
                                                    "allowed: expected None without "
                                                    "model.prior.factors"),
