@@ -194,7 +194,22 @@ class Trainer:
         restored = checkpoint.restore_latest_good(self.ckpt_dir, models.state, models.optimizers)
         log.info("resumed from %s (step %d, saved by %d ranks)", restored.directory,
                  restored.step, restored.world_size)
+        self._set_damaged_aside(restored)
         return restored.step
+
+    def _set_damaged_aside(self, restored: checkpoint.Restored) -> None:
+        """A newer checkpoint passed over as damaged (complete by its manifest, failing its
+        checks) is renamed ``damaged-ckpt-<step>``, kept for a look but no longer a
+        checkpoint: pruning would otherwise count it as the newest and delete the good
+        ones this run writes before its step."""
+        if self.rank == 0:
+            for directory, why in restored.skipped:
+                if (directory / checkpoint.MANIFEST).is_file():
+                    aside = directory.with_name(f"damaged-{directory.name}")
+                    os.replace(directory, aside)
+                    log.warning("the damaged checkpoint %s is set aside as %s (%s)",
+                                directory, aside, why)
+        distributed.barrier()
 
     def _set_aside(self) -> None:
         """``--fresh``: the old checkpoints move to ``checkpoints.replaced-<time>`` beside

@@ -87,6 +87,33 @@ def test_checkpoints_a_killed_fresh_run_set_aside_come_back(tiny_data, tmp_path,
     assert checkpoint.latest(root).name == "ckpt-8" and not aside.exists()
 
 
+def test_a_damaged_newer_checkpoint_is_set_aside_not_kept_over_good_ones(tiny_data, tmp_path,
+                                                                         capfd):
+    """Resumed past a damaged newer checkpoint (complete by its manifest, a file changed
+    since), a run keeping one checkpoint must not prune its own new ones in its favour: it
+    is renamed out of the checkpoints' way, kept, and the run ends with a good one."""
+    import json
+    import shutil
+
+    _train(tmp_path / "run", tiny_data, 4, "--fresh")
+    root = tmp_path / "run" / "checkpoints"
+    damaged = root / "ckpt-12"
+    shutil.copytree(root / "ckpt-4", damaged)
+    manifest = json.loads((damaged / checkpoint.MANIFEST).read_text())
+    manifest["step"] = 12
+    (damaged / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    shard = next(p for p in sorted((damaged / "shards").iterdir()))
+    shard.write_bytes(shard.read_bytes()[:-8])
+    capfd.readouterr()
+    sets = set_args(tiny_overrides(tmp_path / "run", tiny_data, 8)
+                    + ["train.eval_every=0", "train.keep_checkpoints=1"])
+    assert main(["train", "--resume", *sets]) == 0
+    log = capfd.readouterr().err
+    assert f"the damaged checkpoint {damaged} is set aside as {root / 'damaged-ckpt-12'}" in log
+    assert [d.name for d in checkpoint.complete_checkpoints(root)] == ["ckpt-8"]
+    assert (root / "damaged-ckpt-12" / "shards" / shard.name).is_file()
+
+
 def test_the_best_checkpoint_is_recorded_only_once_it_is_saved(tiny_data, tmp_path,
                                                                   monkeypatch):
     """BEST.json never names a step whose checkpoint was not written: a save that fails
