@@ -455,6 +455,11 @@ def load_config(name_or_path: str | os.PathLike | None = None,
     try:
         text = path.read_text(encoding="utf-8")
         raw = load_yaml(text) or {}
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = "; ".join(str(p) for p in (err.context, err.problem) if p)
+        raise ConfigError(f"config file {path}{where}: not valid YAML ({what})") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path}: not valid YAML ({err})") from err
     except UnicodeDecodeError as err:

@@ -299,9 +299,13 @@ def test_bad_override_syntax_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="'train.steps' is a value, not a section"):
         apply_override({"train": {"steps": 3}}, "train.steps.x=1")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("train: [unclosed\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    bad.write_text("name: x\ntrain: [unclosed\n")
+    with pytest.raises(ConfigError) as err:
         load_config(bad)
+    message = str(err.value)
+    assert message.startswith(f"config file {bad}, line 3, column 1: not valid YAML (while "
+                              f"parsing a flow sequence; expected ',' or ']'") and (
+        "\n" not in message), message
     with pytest.raises(ConfigError, match="neither a file nor a ready pipeline"):
         load_config("no-such-pipeline")
 
