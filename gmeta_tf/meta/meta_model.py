@@ -322,11 +322,15 @@ class MetaModel(tf.keras.Model):
         Embeddings are read without inserting (unknown ids read zero rows); nothing of the
         model changes. ``steps`` overrides k (0: no adaptation).
         """
-        adapter = self.adapter if steps is None else TaskAdapter(
+        return adapted_query(self.embedding, self.adapter_for(steps), batch,
+                             self.inner_learning_rates(), self.rates_per_step)
+
+    def adapter_for(self, steps: int | None = None) -> TaskAdapter:
+        """The inner loop that adapts a task for ``steps`` steps (None: the model's k), as
+        ``gmeta eval`` adapts with ``eval.adapt_steps`` and the SavedModel serves."""
+        return self.adapter if steps is None else TaskAdapter(
             self.tower, self.head, self.adapter.tower_fast, self.config.adapt_embeddings, steps,
             self.ridge_strengths)
-        return adapted_query(self.embedding, adapter, batch, self.inner_learning_rates(),
-                             self.rates_per_step)
 
     def adapted_outputs(self, batch: TaskBatch, steps: int | None = None,
                         blended: bool = True) -> tf.Tensor:

@@ -77,10 +77,12 @@ class ServingModule(tf.Module):
         model: The trained ``MetaModel`` or ``CTRModel`` (restored in one process).
         specs: Input specs of the tower's features (see ``feature_specs``).
         adaptation: Also trace the ``adapt`` signature (meta models only).
+        adapt_steps: The inner steps it adapts a task for (None: the model's k), as
+            ``gmeta eval`` adapts (``eval.adapt_steps``).
     """
 
     def __init__(self, model: tf.keras.Model, specs: Mapping[str, tf.TensorSpec],
-                 adaptation: bool):
+                 adaptation: bool, adapt_steps: int | None = None):
         super().__init__(name="gmeta_serving")
         self.embedding = StaticEmbedding(frozen_tables(model.embedding),
                                          model.embedding.feature_configs)
@@ -99,11 +101,11 @@ class ServingModule(tf.Module):
         if adaptation and isinstance(model, MetaModel):
             self.inner_rates = list(model.inner_lr_variables.values())
             self.ridge = model.ridge_variables
-            self.adapt = graph_function(self._adapt_fn(model), input_signature=[
+            self.adapt = graph_function(self._adapt_fn(model, adapt_steps), input_signature=[
                 _role_specs("support", specs, head.label), _role_specs("query", specs)])
 
-    def _adapt_fn(self, model: MetaModel):
-        adapter: TaskAdapter = model.adapter
+    def _adapt_fn(self, model: MetaModel, steps: int | None):
+        adapter: TaskAdapter = model.adapter_for(steps)
         rates = model.inner_learning_rates()
         embedding, label = self.embedding, model.head.label
 
@@ -140,7 +142,7 @@ def _describe(input_signature) -> dict:
 
 
 def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str | os.PathLike,
-                       adaptation: bool = True) -> dict:
+                       adaptation: bool = True, adapt_steps: int | None = None) -> dict:
     """Writes the SavedModel of a trained model (restored in this one process).
 
     Args:
@@ -148,16 +150,17 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
         schema: The dataset schema (input dtypes and widths).
         path: The SavedModel directory.
         adaptation: Add the ``adapt`` signature (meta models).
+        adapt_steps: The steps ``adapt`` takes (None: the model's k; ``eval.adapt_steps``).
 
     Returns:
         What ``assets.extra/gmeta_export.json`` records: signatures, inputs, table sizes.
     """
     specs = feature_specs(model, schema)
-    module = ServingModule(model, specs, adaptation)
-    signatures = module.signatures()
     path = Path(path)
     if path.exists():
         _check_replaceable(path)  # before the work, and again before the swap
+    module = ServingModule(model, specs, adaptation, adapt_steps)
+    signatures = module.signatures()
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.partial{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -233,4 +236,5 @@ def export_pipeline(config: PipelineConfig, checkpoint_path: str | None = None,
     models, manifest = restore_models(config, checkpoint_path)
     path = Path(out) if out else Path(config.export.dir, str(manifest["step"]))
     schema = meta_io.Manifest.load(config.data.path).schema
-    return export_saved_model(models.model, schema, path, config.export.adaptation)
+    return export_saved_model(models.model, schema, path, config.export.adaptation,
+                              config.eval.adapt_steps)  # adapts as gmeta eval scored it

@@ -24,6 +24,8 @@ from gmeta_tf.training.evaluation import improves
 
 log = logging.getLogger(__name__)
 BEST_FILE = "BEST.json"
+#: The model whose pre-training steps (``patience_from``) do not count toward patience.
+PRETRAINED = "model"
 
 
 @dataclasses.dataclass
@@ -43,8 +45,10 @@ class Selection:
         metric: The metric that chooses (``gmeta_tf.training.evaluation.selection_metric``).
         patience: Evaluations without a model improving before that model stops training
             (0: never).
-        patience_from: Evaluations at steps up to this one do not count toward patience
-            (the meta model's pre-training steps).
+        patience_from: The meta model's (``"model"``) evaluations at steps up to this one
+            do not count toward its patience (its pre-training steps); the baseline's
+            patience counts from its first evaluation, so its stopping point does not
+            depend on the meta model's settings.
         protocol: How validation scores (``validation_protocol``): values measured under
             another protocol are not compared with these.
     """
@@ -79,7 +83,7 @@ class Selection:
                 self.best[name] = Best(step, float(value), dict(metrics))
                 improved.append(name)
         for name in results:
-            fresh = name in improved or step <= self.patience_from
+            fresh = name in improved or (name == PRETRAINED and step <= self.patience_from)
             self.stale[name] = 0 if fresh else self.stale.get(name, 0) + 1
             if self.patience and self.stale[name] >= self.patience:
                 self.finished.setdefault(name, step)

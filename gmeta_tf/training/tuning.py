@@ -342,9 +342,14 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         log.info("trial %d: %s validation %s %s", number + 1, status, metric,
                  {n: round(v, 4) for n, v in values.items()})
         _write_trials(root / "trials.json", metric, results)
-        if number == 0 and not values:
+        failed = [n for n in studies if values.get(n) is None or math.isnan(values[n])]
+        if number == 0 and failed:
+            # both studies start from a validated incumbent, or neither is tuned: a study
+            # without one would choose by another rule than the other's
             raise ConfigError(f"gmeta tune: the first trial, the pipeline's own settings, "
-                              f"{status} (its log: {root / 'trial-0' / 'train.log'}); a "
+                              f"{status}: the {' and the '.join(failed)} "
+                              f"{'have' if len(failed) > 1 else 'has'} no validation score "
+                              f"(its log: {root / 'trial-0' / 'train.log'}); a "
                               f"pipeline must train as it is before it is tuned")
     maximize = direction == "maximize"
     ranked = {}
@@ -442,13 +447,17 @@ def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root
              patience: int, metric: str) -> dict[tuple[str, int], list[float]]:
     """Trains each study's best settings again with other seeds: (study, trial) -> values."""
     lists = recheck_picks(ranked, rechecks)
-    count = min([len(numbers) for numbers in lists.values()], default=0)
+    # Every study's picks are re-checked, its own settings (the last pick) included: a
+    # study with fewer completed trials than the other's picks trains its best beside
+    # them, unrecorded (a repeat at the same seeds would count one run twice).
+    count = max([len(numbers) for numbers in lists.values()], default=0)
     seeds = [f"model.seed={config.model.seed + 1}",
              f"train.shuffle_seed={config.train.shuffle_seed + 1}"]
     out: dict[tuple[str, int], list[float]] = {}
     for i in range(count):
-        picks = {name: numbers[i] for name, numbers in lists.items()}
-        settings = {name: results[n].settings[name] for name, n in picks.items()}
+        picks = {name: numbers[i] for name, numbers in lists.items() if i < len(numbers)}
+        settings = {name: results[numbers[i] if i < len(numbers) else ranked[name][0]]
+                    .settings[name] for name, numbers in lists.items()}
         merged = {k: v for s in settings.values() for k, v in s.items()}
         log.info("re-check %d/%d with other seeds: %s", i + 1, count,
                  {name: f"trial {n + 1}" for name, n in picks.items()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -13,8 +14,8 @@ import tensorflow as tf
 from gmeta_tf import data as meta_io
 from gmeta_tf.cli import main
 from gmeta_tf.training.cold_start import restore_models
-from tests.product.conftest import (cold_query_rows, pooled_auc, run_on_two_ranks,
-                                    served_and_expected, set_args, tiny_overrides)
+from tests.product.conftest import (cold_query_rows, pooled_auc, run_on_two_ranks, served,
+                                    served_and_expected, set_args, task_rows, tiny_overrides)
 
 pytestmark = pytest.mark.horovod  # the module's fixture trains under horovodrun -np 2
 UNKNOWN_ID = 987_654_321_000
@@ -198,6 +199,29 @@ def test_saved_model_in_a_fresh_process_predicts_as_the_trained_model(trained, t
     np.testing.assert_allclose(out["serve"], expected_rows, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-6)
     assert not np.allclose(expected_adapted, expected_rows)  # adaptation changed the scores
+
+
+def test_the_saved_model_adapts_for_the_steps_gmeta_eval_adapts_for(trained, tmp_path):
+    """With eval.adapt_steps set (here 1, the model's k being 2) gmeta export's adapt
+    signature takes those steps, as gmeta eval scored the model: what is served is what
+    was measured."""
+    from gmeta_tf.serving import saved_model_export
+
+    config = dataclasses.replace(trained, eval=dataclasses.replace(trained.eval,
+                                                                   adapt_steps=1))
+    models, _ = restore_models(config)
+    batch = next(iter(meta_io.read_tasks(trained.data.path, 4, None, None, split="cold")))
+    out = saved_model_export.export_pipeline(config, out=str(tmp_path / "export" / "1"))
+    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
+    features = models.model.tower.feature_names
+    served_scores = served(Path(out["path"]), {
+        **{f"adapt/support_{k}": support[k] for k in (*features, models.model.head.label)},
+        **{f"adapt/query_{k}": query[k] for k in features}}, tmp_path, timeout=120)["adapt"]
+    real = np.asarray(batch["query"]["mask"][0]) > 0
+    one_step = models.model.adapted_predictions(batch, steps=1).numpy()[0][real]
+    two_steps = models.model.adapted_predictions(batch).numpy()[0][real]
+    np.testing.assert_allclose(served_scores, one_step, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(one_step, two_steps)
 
 
 def test_exported_graph_has_no_custom_op(trained):

@@ -104,6 +104,16 @@ def test_evaluations_during_pretraining_do_not_count_toward_patience(tmp_path):
     assert Selection.load(tmp_path, "auc", 1, up_to_step=4).should_stop(["model"])  # stops
 
 
+def test_the_baselines_patience_does_not_wait_for_the_meta_models_pretraining():
+    """The baseline has no pre-training: its patience counts from its first evaluation,
+    whatever pre-training the meta model beside it was given (in gmeta tune, each trial's
+    draw), so a trial's baseline value never depends on the meta study's settings."""
+    s = Selection("auc", patience=1, patience_from=4)
+    s.update(2, {"model": {"auc": 0.6}, "baseline": {"auc": 0.6}})
+    s.update(4, {"model": {"auc": 0.5}, "baseline": {"auc": 0.5}})
+    assert s.stale == {"model": 0, "baseline": 1} and s.finished == {"baseline": 4}
+
+
 @pytest.fixture(scope="module")
 def stopped_run(tiny_data, tmp_path_factory):
     """A run with validation every 2 steps, patience 2, one checkpoint kept."""

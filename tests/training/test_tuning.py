@@ -116,3 +116,44 @@ def test_the_rule_turns_with_the_metric_and_counts_a_failed_run_as_the_worst():
     # Without the incumbent among the candidates, or without any repeat run, the best mean.
     assert tuning.choose_setting({1: [0.70, 0.71], 2: [0.72, 0.70]}, True) == (2, None)
     assert tuning.choose_setting({0: [0.70], 2: [0.7001]}, True) == (2, None)
+
+
+def test_every_pick_is_rechecked_when_one_study_has_fewer_trials(monkeypatch, tmp_path):
+    """The model's study has one completed trial, the baseline's two: the baseline's own
+    settings (trial 0, its last pick) are still re-checked, so it keeps the one-standard-
+    error rule; the model's pick fills the extra run unrecorded (the same seeds again
+    would count one run twice)."""
+
+    runs = []
+
+    def run_trial(config_arg, overrides, root, merged, np_, patience):
+        runs.append(merged)
+        return {"model": 0.7, "baseline": 0.6 + 0.01 * len(runs)}, {}, "ok"
+
+    monkeypatch.setattr(tuning, "run_trial", run_trial)
+    results = [tuning.TrialResult(n, {"model": {"meta.inner_lr": 0.1 * (n + 1)},
+                                      "baseline": {"eval.baseline_lr": 0.2 * (n + 1)}},
+                                  {"model": 0.7, "baseline": 0.6}, {}, "ok") for n in range(2)]
+    ranked = {"model": [1], "baseline": [1, 0]}  # the model's trial 0 failed
+    out = tuning._recheck("default", [], load_config("default"), tmp_path, results, ranked,
+                          1, 1, 0, "auc")
+    assert sorted(out) == [("baseline", 0), ("baseline", 1), ("model", 1)]
+    assert len(out[("model", 1)]) == 1  # the filler run is not recorded for it
+    assert [r["meta.inner_lr"] for r in runs] == [0.2, 0.2]
+    assert [r["eval.baseline_lr"] for r in runs] == [0.4, 0.2]
+
+
+def test_a_first_trial_without_a_score_for_either_contender_stops_the_tune(monkeypatch,
+                                                                          tmp_path):
+    """The pipeline's own settings are each study's incumbent: if one contender's first
+    trial has no validation score, tuning stops (naming it) rather than letting that study
+    choose without the one-standard-error rule the other keeps."""
+    from gmeta_tf.config import ConfigError
+
+    monkeypatch.setattr(tuning, "check_data", lambda config, np_: None)
+    monkeypatch.setattr(tuning, "chosen_factor_settings", lambda config: {})
+    monkeypatch.setattr(tuning, "run_trial", lambda *a: ({"model": 0.7}, {}, "ok; not finite"))
+    with pytest.raises(ConfigError, match=r"the first trial, the pipeline's own settings, ok; "
+                                          r"not finite: the baseline has no validation score"):
+        tuning.tune("default", [f"run_dir={tmp_path}"], trials=3)
+    assert not (tmp_path / "tuned.yaml").exists()
