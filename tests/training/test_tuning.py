@@ -143,17 +143,17 @@ def test_every_pick_is_rechecked_when_one_study_has_fewer_trials(monkeypatch, tm
     assert [r["eval.baseline_lr"] for r in runs] == [0.4, 0.2]
 
 
-def test_a_first_trial_without_a_score_for_either_contender_stops_the_tune(monkeypatch,
-                                                                          tmp_path):
-    """The pipeline's own settings are each study's incumbent: if one contender's first
-    trial has no validation score, tuning stops (naming it) rather than letting that study
-    choose without the one-standard-error rule the other keeps."""
+def test_a_first_trial_without_any_score_stops_the_tune(monkeypatch, tmp_path):
+    """The pipeline's own settings must train before they are tuned: a first trial that
+    scores neither contender stops tuning with its error, and no tuned.yaml is written.
+    (One contender's divergence alone does not stop the other's study: see
+    tests/product/test_selection.py.)"""
     from gmeta_tf.config import ConfigError
 
     monkeypatch.setattr(tuning, "check_data", lambda config, np_: None)
     monkeypatch.setattr(tuning, "chosen_factor_settings", lambda config: {})
-    monkeypatch.setattr(tuning, "run_trial", lambda *a: ({"model": 0.7}, {}, "ok; not finite"))
-    with pytest.raises(ConfigError, match=r"the first trial, the pipeline's own settings, ok; "
-                                          r"not finite: the baseline has no validation score"):
+    monkeypatch.setattr(tuning, "run_trial", lambda *a: ({}, {}, "failed (exit 1)"))
+    with pytest.raises(ConfigError, match=r"the first trial, the pipeline's own settings, "
+                                          r"failed \(exit 1\)"):
         tuning.tune("default", [f"run_dir={tmp_path}"], trials=3)
     assert not (tmp_path / "tuned.yaml").exists()
