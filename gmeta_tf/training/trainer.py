@@ -232,14 +232,9 @@ class Trainer:
             left = sorted(self.ckpt_dir.parent.glob(f"{self.ckpt_dir.name}.replaced-*"))
             good = [d for d in left if checkpoint.latest(d) is not None]
             if good and checkpoint.latest(self.ckpt_dir) is None:
-                newest = good[-1]
-                left.remove(newest)
-                if self.ckpt_dir.exists():
-                    shutil.rmtree(self.ckpt_dir)  # no complete checkpoint in it
-                os.replace(newest, self.ckpt_dir)
-                log.warning("%s held no complete checkpoint: the checkpoints an earlier "
-                            "--fresh run set aside (it stopped before its first one) are "
-                            "back in place from %s", self.ckpt_dir, newest)
+                left.remove(good[-1])
+                self._put_back(good[-1], "an earlier --fresh run stopped before its first "
+                               "checkpoint")
             if checkpoint.latest(self.ckpt_dir) is None:
                 left = []  # nothing known good here: every set-aside directory stays
             for stale in left:
@@ -260,11 +255,16 @@ class Trainer:
         if self.rank != 0 or self._aside is None:
             return
         if checkpoint.latest(self.ckpt_dir) is None:
-            shutil.rmtree(self.ckpt_dir, ignore_errors=True)
-            os.replace(self._aside, self.ckpt_dir)
-            log.warning("this run failed before its first checkpoint: the earlier "
-                        "checkpoints are back at %s", self.ckpt_dir)
+            self._put_back(self._aside, "this run failed before its first checkpoint")
         self._aside = None
+
+    def _put_back(self, aside: Path, why: str) -> None:
+        """Checkpoints a ``--fresh`` run set aside, back in place of a checkpoint directory
+        that holds no complete checkpoint (call it on one rank)."""
+        shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+        os.replace(aside, self.ckpt_dir)
+        log.warning("%s: the earlier checkpoints are back in place from %s, at %s", why,
+                    aside, self.ckpt_dir)
 
     def _batches(self, start_step: int, is_meta: bool) -> Iterator[dict]:
         d, t = self.config.data, self.config.train

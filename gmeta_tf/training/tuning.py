@@ -71,7 +71,8 @@ from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import (TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig,
                              baseline_embedding_l2, load_config, override_value,
                              ridge_applies)
-from gmeta_tf.training.evaluation import HIGHER_IS_BETTER, baseline_ridge, selection_metric
+from gmeta_tf.training.evaluation import (HIGHER_IS_BETTER, baseline_ridge, baseline_steps,
+                                         selection_metric)
 from gmeta_tf.training.prior_fit import chosen_factor_settings
 
 log = logging.getLogger(__name__)
@@ -200,8 +201,7 @@ def pipeline_params(name: str, config: PipelineConfig) -> dict[str, Any]:
             params["ridge"] = _nearest(m.ridge, RIDGE)
         return params
     if name == "baseline":
-        steps = (e.baseline_steps if e.baseline_steps is not None else
-                 e.adapt_steps if e.adapt_steps is not None else m.inner_steps)
+        steps = baseline_steps(config)
         params = {"learning_rate": _clip(t.baseline_learning_rate or t.learning_rate,
                                          1e-4, 1e-2),
                   "fine_tune_lr": _clip(e.baseline_lr, 1e-3, 3.0),

@@ -237,12 +237,10 @@ _UNPACK = {"gzip": "gunzip -k FILE", "bzip2": "bunzip2 -k FILE", "xz": "unxz -k 
 
 def header_of(path: str, dialect: CsvDialect) -> list[str]:
     """The column names on the first line of a CSV file."""
-    refuse_compressed(path)
+    refuse_compressed(path)  # names a missing file too
     try:
         with open(path, "rb") as f:
             first = dialect.split_line(f.readline().decode(dialect.encoding).lstrip("\ufeff"))
-    except FileNotFoundError as e:
-        raise DataError("input file not found", file=path) from e
     except UnicodeDecodeError as e:
         raise DataError(f"line 1: the header line is not {dialect.encoding} text ({e.reason} "
                         f"at byte {e.start}){ENCODING_HINT}", file=path,
