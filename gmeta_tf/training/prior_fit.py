@@ -90,7 +90,8 @@ def held_out_protocol(config: PipelineConfig) -> HeldOutProtocol:
     query = min(q for q in (recorded.get("query_size"), d.query, 1 << 30) if q is not None)
     return HeldOutProtocol(query=int(query), support=1 << 30,
                            min_rows=int(recorded.get("min_rows") or query + 1),
-                           max_rows=recorded.get("max_rows"), seed=int(recorded.get("seed", 0)))
+                           max_rows=recorded.get("max_rows"), seed=int(recorded.get("seed", 0)),
+                           last=recorded.get("query_selection") == "last")
 
 
 def _read_validation(read: Callable[[], T], what: str, setting: str,

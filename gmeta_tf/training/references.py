@@ -579,11 +579,15 @@ class HeldOutProtocol:
     validation split: each task of ``min_rows`` to ``max_rows`` rows falls in one of
     ``folds`` folds (by a hash of its id and ``seed``); with a fold held out, the
     factorisation is fitted on the other tasks' rows, and each held-out task is folded in
-    from ``support`` of its rows at most and scored on ``query`` others (its rows ordered by
-    a hash of the item, so the same rows are chosen in whatever order they were read), as
-    a validation task is. A validation split holds a tenth of the warm tasks, a few dozen
-    on a small log: too few to tell the factorisation's settings apart; the held-out
-    folds add every other training task of the protocol's size. ``folds`` < 2: none."""
+    from ``support`` of its rows at most and scored on ``query`` others, as a validation
+    task is. The query rows are, with ``last``, a task's last ``query`` rows as read (a
+    converted dataset stores each task's rows in time order when its split's
+    ``query_selection`` is "last", the protocol's query rows being its latest), else
+    the first by a hash of the item (so the same rows are chosen in whatever order they
+    were read, as the protocol's "random" query rows are drawn without regard to order).
+    A validation split holds a tenth of the warm tasks, a few dozen on a small log: too
+    few to tell the factorisation's settings apart; the held-out folds add every other
+    training task of the protocol's size. ``folds`` < 2: none."""
 
     query: int
     support: int
@@ -591,6 +595,7 @@ class HeldOutProtocol:
     max_rows: int | None = None
     folds: int = MF_HELD_OUT_FOLDS
     seed: int = 0
+    last: bool = False
 
     def folds_beside(self, valid_rows: int, tasks: np.ndarray, items: np.ndarray,
                      labels: np.ndarray) -> list[tuple[np.ndarray, FoldInTask, np.ndarray]]:
@@ -611,8 +616,11 @@ class HeldOutProtocol:
         items = np.asarray(items).astype(np.int64)
         labels = np.asarray(labels, np.float64)
         key = mix64(np.array([self.seed], np.int64).view(np.uint64))[0]
-        order = np.lexsort((labels, mix64(items.view(np.uint64) ^ mix64(tasks.view(
-            np.uint64) ^ key)), tasks))
+        if self.last:  # latest first: rank < query are a task's last rows as read
+            order = np.lexsort((-np.arange(len(tasks)), tasks))
+        else:
+            order = np.lexsort((labels, mix64(items.view(np.uint64) ^ mix64(tasks.view(
+                np.uint64) ^ key)), tasks))
         sorted_tasks = tasks[order]
         starts = np.flatnonzero(np.r_[True, sorted_tasks[1:] != sorted_tasks[:-1]])
         sizes = np.diff(np.r_[starts, len(order)])

@@ -154,6 +154,43 @@ def test_a_prior_beside_a_dense_feature_of_its_input_name_is_refused():
         _check_features(from_dict(raw).model, schema)
 
 
+def test_held_out_tasks_of_a_latest_rows_protocol_are_scored_on_their_latest_rows(tmp_path):
+    """With ``query_selection: last`` the training tasks held out to choose the
+    factorisation's settings are scored on their latest rows, the rows the protocol made
+    their query rows, as validation and cold tasks are: read back as the references read
+    the training split, in whatever order the log held them."""
+    from gmeta_tf.training.prior_fit import _shard_rows, held_out_protocol
+
+    rng = np.random.default_rng(3)
+    lines = ["u,i,y,ts"]
+    for u in range(40):
+        n = int(rng.integers(12, 20))
+        lines += [f"{u},{1000 * u + t},{rng.integers(1, 6)},{t}" for t in range(n)]
+    order = [lines[0]] + [lines[1 + j] for j in rng.permutation(len(lines) - 1)]
+    (tmp_path / "log.csv").write_text("\n".join(order) + "\n")
+    out = tmp_path / "ds"
+    meta_io.convert_csv(str(tmp_path / "log.csv"), str(out),
+                        {"task": "u", "label": "y", "sparse": ["i"], "order_by": "ts"},
+                        split=meta_io.SplitConfig(warm_fraction=1.0, valid_fraction=0.0,
+                                                  query_size=4, min_rows=8,
+                                                  query_selection="last"))
+    config = load_config("default", tiny_overrides(tmp_path / "run", out) + ["data.query=4"])
+    protocol = held_out_protocol(config)
+    assert protocol.last and protocol.query == 4
+    rows = _shard_rows(config, "warm", ["i", "label"], query_only=False)
+    tasks, items = np.asarray(rows["task_id"]), np.asarray(rows["i"])
+    folds = protocol.folds_of(tasks, items, np.asarray(rows["label"], np.float64))
+    held = 0
+    for keep, task, _ in folds:
+        for slot, t in enumerate(np.unique(tasks[~keep])):
+            mine = np.sort(items[tasks == t])  # item 1000 u + t: time order
+            np.testing.assert_array_equal(np.sort(task.query[slot]), mine[-4:])
+            np.testing.assert_array_equal(np.sort(task.support[slot][task.mask[slot] > 0]),
+                                          mine[:-4])
+            held += 1
+    assert held == 40
+
+
 def test_held_out_tasks_are_folded_in_from_all_their_support_rows(tiny_data, tmp_path):
     """The training tasks held out to choose the factorisation's settings are folded in as
     validation and cold tasks are adapted: from every one of their support rows, not the
