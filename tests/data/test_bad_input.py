@@ -157,8 +157,11 @@ MAPPING = {"task": "user_id", "label": "label", "label_range": [0, 1], "sparse":
 SPLIT = data.SplitConfig(query_size=3, min_rows=5)
 
 
-@pytest.mark.parametrize("value, problem", [("", "NaN or missing label"),
-                                            ("nan", "NaN or missing label"),
+MISSING_LABEL = "missing label: the cell is empty, NA or NaN"
+
+
+@pytest.mark.parametrize("value, problem", [("", MISSING_LABEL),
+                                            ("nan", MISSING_LABEL),
                                             ("7", "label out of range")])
 def test_converter_rejects_bad_labels(tmp_path, value, problem):
     src = write_csv(tmp_path / "in.csv", GOOD[:50] + [f"4,99,{value}"] + GOOD[50:])
@@ -170,12 +173,11 @@ def test_converter_rejects_bad_labels(tmp_path, value, problem):
 
 
 @pytest.mark.parametrize("mapping, value, expected", [
-    ({"label": "rating", "label_threshold": 4}, "nan", r"NaN or missing label \(got nan, "
-     r"expected a number\)"),
+    ({"label": "rating", "label_threshold": 4}, "nan", MISSING_LABEL + r" \(expected a number\)"),
     ({"label": "rating", "label_threshold": 4, "label_range": [0.5, 5]}, "7",
      r"label out of range \(got 7.0, expected a number in \[0.5, 5\], the range the mapping key "
      r"'label_range' \(gmeta data csv --label-range\) sets\)"),
-    ({"label": "rating"}, "nan", r"NaN or missing label \(got nan, expected a number\)"),
+    ({"label": "rating"}, "NA", MISSING_LABEL + r" \(expected a number\)"),
 ])
 def test_a_bad_label_is_named_as_the_file_names_it(tmp_path, mapping, value, expected):
     """A label the converter derives (rating >= 4) or stores under another name ('label')

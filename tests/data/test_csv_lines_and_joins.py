@@ -67,7 +67,7 @@ def test_columns_name_a_header_files_columns_in_place_of_its_header_line(tmp_pat
         data.convert_csv(str(tmp_path / "bad.csv"), str(tmp_path / "bad"), renamed, split=SPLIT)
     # a renamed column's problem is named as the header line names it
     for value, problem in (("five", r"line 7: not a number"),
-                           ("", r"task 'u2': line 7: NaN or missing label")):
+                           ("", r"task 'u2': line 7: missing label: the cell is empty")):
         (tmp_path / "bad.csv").write_text("\n".join(["userId,movieId,stars,ts"] + GOOD[:5]
                                                      + [f"u2,3,{value},7"]) + "\n")
         with pytest.raises(data.DataError, match=rf"bad.csv: column 'stars': {problem}"):

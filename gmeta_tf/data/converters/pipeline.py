@@ -167,10 +167,12 @@ def check_labels(raw: RawBatch, schema: Schema, policy: str) -> tuple[pa.RecordB
         this_bad = np.isnan(values) | (values < lo) | (values > hi)
         if this_bad.any() and policy == "error":
             i = int(np.flatnonzero(this_bad)[0])
-            what = "NaN or missing label" if np.isnan(values[i]) else "label out of range"
+            missing = bool(np.isnan(values[i]))
+            what = ("missing label: the cell is empty, NA or NaN" if missing
+                    else "label out of range")
             raise DataError(f"{raw.where(i)}: {what}", file=raw.source,
                             column=raw.column(label.name), task=raw.task(i),
-                            value=float(values[i]),
+                            value=None if missing else float(values[i]),
                             expected=_expected_label(lo, hi, raw.range_set_by.get(label.name)))
         bad |= this_bad
     if not bad.any():
