@@ -2,6 +2,9 @@
 
 Everything goes to a temporary directory beside the target; only ``commit`` moves it into
 place with ``os.replace``, so a converter that fails half way leaves no half-written dataset.
+The temporary directory's name holds the converting process's id and host, so that the
+next conversion into the same place removes what a killed one left (``_tidy_staging``)
+and puts back a dataset it had set aside to replace.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from typing import Any
 
@@ -132,6 +136,7 @@ class DatasetWriter:
         if file_format not in FILE_FORMATS:
             raise DataError("unknown file format", value=file_format, expected=f"one of {FILE_FORMATS}")
         self.out_dir = os.path.abspath(fs.local(out_dir))
+        _tidy_staging(self.out_dir)
         if os.path.lexists(self.out_dir):
             if not overwrite:
                 raise DataError("output exists: a dataset there is replaced only with "
@@ -142,7 +147,9 @@ class DatasetWriter:
         self.rows_per_file, self.rows_per_block = rows_per_file, rows_per_block
         parent = os.path.dirname(self.out_dir)
         os.makedirs(parent, exist_ok=True)
-        self.tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out_dir)}.tmp-", dir=parent)
+        self.tmp_dir = tempfile.mkdtemp(
+            prefix=f"{_staging_prefix(self.out_dir)}{os.getpid()}@{socket.gethostname()}.",
+            dir=parent)
         self._splits: dict[str, _SplitFiles] = {}
 
     def __enter__(self) -> "DatasetWriter":
@@ -187,6 +194,52 @@ class DatasetWriter:
             if s._file is not None:
                 s._file.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+def _staging_prefix(out_dir: str) -> str:
+    return f".{os.path.basename(out_dir)}.tmp-"
+
+
+def _tidy_staging(out_dir: str) -> None:
+    """Clears what a conversion into ``out_dir`` killed on this host left beside it: its
+    temporary directory (``.<name>.tmp-<pid>@<host>.<random>``), removed, and the dataset
+    it had set aside to replace (the same name ending ``.old``), put back when nothing
+    took its place (the kill came between commit's two renames; the conversion never
+    finished, so the dataset is as it was before it) or removed when the new one is in
+    place. A directory whose process still runs, or that another host made, is left."""
+    parent, prefix = os.path.dirname(out_dir), _staging_prefix(out_dir)
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in sorted(names, key=lambda n: not n.endswith(".old")):  # put back first
+        owner = name[len(prefix):].removesuffix(".old")
+        pid, at, host = owner.partition("@")
+        if not (at and pid.isdigit() and host.rpartition(".")[0] == socket.gethostname()
+                and not _running(int(pid))):
+            continue
+        path = os.path.join(parent, name)
+        if name.endswith(".old") and not os.path.lexists(out_dir):
+            os.replace(path, out_dir)
+            fsync_dir(parent)
+            log.warning("put back %s: a conversion killed while replacing it (process %s) "
+                        "had set it aside as %s", out_dir, pid, name)
+        else:
+            log.info("removing %s, left by a conversion into %s that was killed (process "
+                     "%s)", path, out_dir, pid)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _check_replaceable(out_dir: str) -> None:

@@ -271,6 +271,54 @@ def test_overwrite_replaces_a_dataset_or_an_empty_directory(tmp_path):
         assert data.Manifest.load(str(out)).files == again.files
 
 
+_KILLED_CONVERSION = """
+import os, sys
+from gmeta_tf import data
+from gmeta_tf.data import writer
+renames = []
+def replace(src, dst):
+    renames.append(dst)
+    if len(renames) == {kill_at}:
+        os._exit(9)  # killed here: no clean-up runs
+    os.replace(src, dst)
+writer.os = type("os", (), {{**vars(os), "replace": staticmethod(replace)}})
+src, out, overwrite = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+data.convert_csv(src, out, {mapping!r}, split=data.SplitConfig(query_size=3, min_rows=5),
+                 output=data.OutputConfig(overwrite=overwrite))
+"""
+
+
+@pytest.mark.parametrize("kill_at", [1, 2])
+def test_a_conversion_killed_while_replacing_a_dataset_loses_nothing(tmp_path, kill_at):
+    """A conversion killed between commit's two renames (the old dataset set aside, the
+    new one not yet in place) or just before its first leaves the old dataset whole: the
+    next conversion into the same place puts it back and removes the killed one's
+    temporary directory; one killed while its own process still runs is not touched."""
+    import subprocess
+    import sys
+
+    src = write_csv(tmp_path / "in.csv", GOOD)
+    out = tmp_path / "out"
+    first = data.convert_csv(str(src), str(out), MAPPING, split=SPLIT)
+    before = _tree(out)
+    bigger = write_csv(tmp_path / "more.csv", GOOD + [f"9,{i},1" for i in range(20)])
+    script = _KILLED_CONVERSION.format(kill_at=kill_at, mapping=MAPPING)
+    done = subprocess.run([sys.executable, "-c", script, str(bigger), str(out), "1"],
+                          capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-"))
+    assert len(left) == kill_at  # the new dataset staged, and the old one set aside
+    assert out.exists() == (kill_at == 1)
+    # a conversion of another process that still runs is left alone
+    live = tmp_path / f".out.tmp-{os.getppid()}@{__import__('socket').gethostname()}.live"
+    live.mkdir()
+    with pytest.raises(data.DataError, match="output exists"):
+        data.convert_csv(str(src), str(out), MAPPING, split=SPLIT)
+    assert _tree(out) == before  # put back whole, refused without --overwrite
+    assert data.Manifest.load(str(out)).files == first.files
+    assert sorted(p.name for p in tmp_path.iterdir() if ".tmp-" in p.name) == [live.name]
+
+
 def test_a_compressed_csv_is_named_as_compressed(tmp_path):
     import gzip
 
