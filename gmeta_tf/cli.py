@@ -76,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--rechecks", type=int, default=2,
                     help="each study's best N settings are trained again with other seeds "
                          "and chosen by the mean of both runs (default 2; 0: off)")
+    tu.add_argument("--resume", action="store_true",
+                    help="continue the study recorded in <run_dir>/tune/trials.json: its "
+                         "trials keep their scores and the study goes on where it stopped "
+                         "(the same --config, --set, --seed, --np and --patience; --trials "
+                         "may be larger)")
     ev = _with_config(sub.add_parser(
         "eval", help="score the cold split and eval data: models, baseline, references"))
     ev.add_argument("--checkpoint", help="checkpoint directory (default: each model's best on "
@@ -199,7 +204,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.rechecks < 0:
         raise ConfigError(f"gmeta tune --rechecks {args.rechecks} is not allowed: expected >= 0")
     summary = tune(args.config or "default", list(args.overrides), args.trials, args.np_,
-                   args.patience, args.seed, args.rechecks)
+                   args.patience, args.seed, args.rechecks, resume=args.resume)
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -47,7 +47,13 @@ rest.
 
 The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train``,
 ``eval`` and ``export`` of that pipeline apply (below any ``--set``); every trial goes to
-``<run_dir>/tune/trials.json``. Before any trial the pipeline's dataset is made (or the
+``<run_dir>/tune/trials.json`` as it ends, with what defines the study (the pipeline,
+``--set``, seed, ranks, patience). ``resume=True`` (``gmeta tune --resume``) continues a
+study that was stopped: the samplers are asked again in order, as the first run asked
+them, and each trial (and re-check) recorded with the very settings asked now takes its
+recorded scores instead of training again, so the study ends where an uninterrupted one
+would, with as many trials as the new ``--trials`` asks. Without it, an earlier study's
+record is kept as ``trials.previous.json``. Before any trial the pipeline's dataset is made (or the
 one there checked) and the config checked against it, as ``gmeta train`` does; a first
 trial (the pipeline's own settings) that fails stops the study with its error.
 """
@@ -276,8 +282,63 @@ def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
     return values, steps, "ok"
 
 
+class _Record:
+    """The trials and re-checks of an earlier run of the same study (``--resume``), each
+    taken once, in order, where the study asks for the very settings it recorded."""
+
+    def __init__(self, path: Path, study: dict, resume: bool) -> None:
+        self.path, self.trials, self.rechecks, self.count = path, [], [], 0
+        if not path.is_file():
+            return
+        if not resume:
+            shutil.copyfile(path, path.with_name("trials.previous.json"))
+            log.info("gmeta tune: %s holds an earlier study's trials, kept as "
+                     "trials.previous.json (--resume continues a stopped study instead)", path)
+            return
+        try:
+            recorded = json.loads(path.read_text())
+            results = [TrialResult(**r) for r in recorded["trials"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"gmeta tune --resume: {path} is not a trials record this "
+                              f"version wrote ({e}); start the study anew without --resume") from e
+        before = recorded.get("study", {})
+        for key, value in study.items():
+            if before.get(key) != value:
+                raise ConfigError(
+                    f"gmeta tune --resume: the study recorded in {path} had {key} "
+                    f"{before.get(key)!r}, this one {value!r}: a study resumes only as it "
+                    f"began (start it anew without --resume)")
+        self.count = int(recorded.get("trials_asked", 0))
+        self.trials = [r for r in results if r.number < self.count]
+        self.rechecks = [r for r in results if r.number >= self.count]
+        log.info("gmeta tune --resume: %d trials and %d re-checks recorded in %s",
+                 len(self.trials), len(self.rechecks), path)
+
+    def trial(self, number: int, settings: dict) -> TrialResult | None:
+        if number >= len(self.trials):
+            return None
+        recorded = self.trials[number]
+        if _plain(recorded.settings) != _plain(settings):
+            raise ConfigError(
+                f"gmeta tune --resume: trial {number + 1} recorded in {self.path} had "
+                f"settings {recorded.settings}, the study now asks {settings} (Optuna or "
+                f"the search space changed): start the study anew without --resume")
+        return recorded
+
+    def recheck(self, index: int, settings: dict, trials: int) -> TrialResult | None:
+        if self.count != trials or index >= len(self.rechecks):
+            return None  # re-checks follow from every trial: only the same study's count
+        recorded = self.rechecks[index]
+        return recorded if _plain(recorded.settings) == _plain(settings) else None
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON gives it back: the form recorded settings are compared in."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
-         patience: int = 3, seed: int = 0, rechecks: int = 2) -> dict:
+         patience: int = 3, seed: int = 0, rechecks: int = 2, resume: bool = False) -> dict:
     """Runs the studies and writes ``tuned.yaml``; returns the summary.
 
     Args:
@@ -290,6 +351,8 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         rechecks: How many of each study's best settings are trained again with other
             seeds before choosing, besides the pipeline's own (0: choose on the single
             runs).
+        resume: Continue the study recorded in ``<run_dir>/tune/trials.json``: its
+            trials take their recorded scores (``_Record``).
     """
     import optuna
 
@@ -318,20 +381,30 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
                     ", ".join(f"{n} ({r:g})" for n, r in sorted(differ.items())))
     for name, study in studies.items():
         study.enqueue_trial(pipeline_params(name if config.meta.enabled else "ctr", config))
+    root = Path(config.run_dir) / "tune"
+    study_key = {"config": config_arg, "overrides": list(overrides), "seed": seed,
+                 "world_size": np_, "patience": patience}
+    record = _Record(root / "trials.json", study_key, resume)
     check_data(config, np_)
     # the factor prior's settings do not depend on any searched one: chosen once, here
     prior = chosen_factor_settings(config)
     overrides = [*overrides, *(f"{key}={value}" for key, value in prior.items())]
-    root = Path(config.run_dir) / "tune"
     root.mkdir(parents=True, exist_ok=True)
     results: list[TrialResult] = []
+    write = lambda: _write_trials(root / "trials.json", metric, results,  # noqa: E731
+                                  study_key, trials)
     for number in range(trials):
         asked = {name: study.ask() for name, study in studies.items()}
         settings = {name: spaces[name](trial, config) for name, trial in asked.items()}
         merged = {k: v for s in settings.values() for k, v in s.items()}
-        log.info("trial %d/%d: %s", number + 1, trials, merged)
-        values, steps, status = run_trial(config_arg, overrides, root / f"trial-{number}",
-                                          merged, np_, patience)
+        recorded = record.trial(number, settings)
+        if recorded is not None:
+            log.info("trial %d/%d: recorded: %s", number + 1, trials, merged)
+            values, steps, status = recorded.values, recorded.best_steps, recorded.status
+        else:
+            log.info("trial %d/%d: %s", number + 1, trials, merged)
+            values, steps, status = run_trial(config_arg, overrides,
+                                              root / f"trial-{number}", merged, np_, patience)
         for name, study in studies.items():
             value = values.get(name)
             if value is None or math.isnan(value):
@@ -341,7 +414,7 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         results.append(TrialResult(number, settings, values, steps, status))
         log.info("trial %d: %s validation %s %s", number + 1, status, metric,
                  {n: round(v, 4) for n, v in values.items()})
-        _write_trials(root / "trials.json", metric, results)
+        write()
         if number == 0 and not values:
             raise ConfigError(f"gmeta tune: the first trial, the pipeline's own settings, "
                               f"{status} (its log: {root / 'trial-0' / 'train.log'}); a "
@@ -356,7 +429,8 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         ranked[name] = [t.number for t in sorted(done, key=lambda t: t.value,
                                                  reverse=maximize)]
     rechecked = _recheck(config_arg, overrides, config, root, results, ranked, rechecks,
-                         np_, patience, metric)
+                         np_, patience, write, lambda i, settings: record.recheck(
+                             i, settings, trials))
     chosen = {}
     for name in studies:
         runs = {n: [results[n].values[name], *rechecked.get((name, n), [])]
@@ -439,8 +513,12 @@ def choose_setting(runs: dict[int, list[float]], maximize: bool,
 
 def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root: Path,
              results: list[TrialResult], ranked: dict[str, list[int]], rechecks: int, np_: int,
-             patience: int, metric: str) -> dict[tuple[str, int], list[float]]:
-    """Trains each study's best settings again with other seeds: (study, trial) -> values."""
+             patience: int, write: Callable[[], None],
+             recorded: Callable[[int, dict], TrialResult | None] = lambda i, s: None,
+             ) -> dict[tuple[str, int], list[float]]:
+    """Trains each study's best settings again with other seeds: (study, trial) -> values.
+    ``write`` records ``results`` after each; ``recorded(i, settings)``: re-check i's
+    recorded result, when a resumed study recorded it with these settings."""
     lists = recheck_picks(ranked, rechecks)
     # Every study's picks are re-checked, its own settings (the last pick) included: a
     # study with fewer completed trials than the other's picks trains its best beside
@@ -456,15 +534,20 @@ def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root
         merged = {k: v for s in settings.values() for k, v in s.items()}
         log.info("re-check %d/%d with other seeds: %s", i + 1, count,
                  {name: f"trial {n + 1}" for name, n in picks.items()})
-        values, steps, status = run_trial(config_arg, list(overrides) + seeds,
-                                          root / f"recheck-{i}", merged, np_, patience)
+        done = recorded(i, settings)
+        if done is not None:
+            values, steps, status = done.values, done.best_steps, done.status
+            log.info("re-check %d: recorded", i + 1)
+        else:
+            values, steps, status = run_trial(config_arg, list(overrides) + seeds,
+                                              root / f"recheck-{i}", merged, np_, patience)
+            status = f"{status} (re-check of {picks})"
         for name, n in picks.items():
             out.setdefault((name, n), []).append(values.get(name, math.nan))
-        results.append(TrialResult(len(results), settings, values, steps,
-                                   f"{status} (re-check of {picks})"))
-        log.info("re-check %d: %s validation %s %s", i + 1, status, metric,
+        results.append(TrialResult(len(results), settings, values, steps, status))
+        log.info("re-check %d: %s validation %s", i + 1, status,
                  {n: round(v, 4) for n, v in values.items()})
-        _write_trials(root / "trials.json", metric, results)
+        write()
     return out
 
 
@@ -489,8 +572,12 @@ def recheck_picks(ranked: dict[str, list[int]], rechecks: int) -> dict[str, list
     return lists
 
 
-def _write_trials(path: Path, metric: str, results: list[TrialResult]) -> None:
-    text = json.dumps({"metric": metric, "trials": [dataclasses.asdict(r) for r in results]},
+def _write_trials(path: Path, metric: str, results: list[TrialResult], study: dict,
+                  trials: int) -> None:
+    """The study's record: what defines it, the trials it asks for, and every trial and
+    re-check so far (re-checks numbered from ``trials`` on)."""
+    text = json.dumps({"metric": metric, "study": study, "trials_asked": trials,
+                       "trials": [dataclasses.asdict(r) for r in results]},
                       indent=1, default=str)
     write_text_atomically(path, text)
 

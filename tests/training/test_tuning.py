@@ -136,7 +136,7 @@ def test_every_pick_is_rechecked_when_one_study_has_fewer_trials(monkeypatch, tm
                                   {"model": 0.7, "baseline": 0.6}, {}, "ok") for n in range(2)]
     ranked = {"model": [1], "baseline": [1, 0]}  # the model's trial 0 failed
     out = tuning._recheck("default", [], load_config("default"), tmp_path, results, ranked,
-                          1, 1, 0, "auc")
+                          1, 1, 0, lambda: None)
     assert sorted(out) == [("baseline", 0), ("baseline", 1), ("model", 1)]
     assert len(out[("model", 1)]) == 1  # the filler run is not recorded for it
     assert [r["meta.inner_lr"] for r in runs] == [0.2, 0.2]
@@ -157,3 +157,68 @@ def test_a_first_trial_without_any_score_stops_the_tune(monkeypatch, tmp_path):
                                           r"failed \(exit 1\)"):
         tuning.tune("default", [f"run_dir={tmp_path}"], trials=3)
     assert not (tmp_path / "tuned.yaml").exists()
+
+
+class _Killed(BaseException):
+    """The process killed mid-study: nothing after it runs, as with SIGKILL."""
+
+
+def _fake_trials(monkeypatch, kill_at=None):
+    """Trials scored by a fixed function of their settings (the re-checks a little
+    lower); the run of number ``kill_at`` (counting from 1) is killed."""
+    runs = []
+
+    def run_trial(config_arg, overrides, root, merged, np_, patience):
+        runs.append(dict(merged))
+        if len(runs) == kill_at:
+            raise _Killed
+        lower = 0.01 if any("seed" in o for o in overrides) else 0.0
+        return ({"model": math.sin(7 * merged["meta.inner_lr"]) - lower,
+                 "baseline": math.cos(3 * merged["eval.baseline_lr"]) - lower},
+                {"model": 10, "baseline": 20}, "ok")
+
+    monkeypatch.setattr(tuning, "run_trial", run_trial)
+    monkeypatch.setattr(tuning, "check_data", lambda config, np_: None)
+    monkeypatch.setattr(tuning, "chosen_factor_settings", lambda config: {})
+    return runs
+
+
+@pytest.mark.parametrize("kill_at", [3, 7])  # during the trials; during the re-checks
+def test_a_resumed_study_ends_where_an_uninterrupted_one_does(monkeypatch, tmp_path, kill_at):
+    """A study killed after some trials (or re-checks) and resumed runs only what was not
+    recorded, asks the samplers for the same settings, and chooses the same ones; a
+    larger --trials goes on from where it stopped; a study whose definition changed is
+    refused, naming what changed; without --resume an earlier record is kept aside."""
+    from gmeta_tf.config import ConfigError
+
+    whole = _fake_trials(monkeypatch)
+    tuning.tune("default", [f"run_dir={tmp_path / 'a'}"], trials=5, rechecks=1)
+    expected = (tmp_path / "a" / "tuned.yaml").read_text().replace(str(tmp_path / "a"), "R")
+    assert len(whole) == 5 + 2  # five trials, two re-checks (the best and trial 0)
+
+    runs = _fake_trials(monkeypatch, kill_at=kill_at)
+    args = ("default", [f"run_dir={tmp_path / 'b'}"])
+    with pytest.raises(_Killed):
+        tuning.tune(*args, trials=5, rechecks=1)
+    assert not (tmp_path / "b" / "tuned.yaml").exists()
+    with pytest.raises(ConfigError, match="recorded in .*trials.json had seed 0, this one 1"):
+        tuning.tune(*args, trials=5, rechecks=1, seed=1, resume=True)
+    runs = _fake_trials(monkeypatch)
+    tuning.tune(*args, trials=5, rechecks=1, resume=True)
+    assert runs == whole[kill_at - 1:]  # the killed run again, then the rest
+    assert (tmp_path / "b" / "tuned.yaml").read_text().replace(str(tmp_path / "b"), "R") \
+        == expected
+    runs = _fake_trials(monkeypatch)
+    tuning.tune(*args, trials=5, rechecks=1, resume=True)
+    assert runs == []  # everything recorded: chosen again without training
+
+    more = _fake_trials(monkeypatch)
+    tuning.tune("default", [f"run_dir={tmp_path / 'a'}"], trials=7, rechecks=1)
+    runs = _fake_trials(monkeypatch)
+    tuning.tune(*args, trials=7, rechecks=1, resume=True)
+    assert runs[:2] == more[5:7] and len(runs) == len(more) - 5  # trials 6-7, re-checks
+    tune_dir = tmp_path / "b" / "tune"
+    before = (tune_dir / "trials.json").read_text()
+    _fake_trials(monkeypatch)
+    tuning.tune(*args, trials=2, rechecks=0)
+    assert (tune_dir / "trials.previous.json").read_text() == before
