@@ -698,9 +698,10 @@ class Trainer:
             tensorboard.write(step, {f"validation/{name}/{k}": v for k, v in metrics.items()})
         main = results.get("model", {})
         shown = main or next(iter(results.values()))
-        log.info("step %d validation (%s split, %d tasks, %d rows) on %s: %s", step, split,
-                 int(shown.get("tasks", 0)), int(shown.get("rows", 0)), selection.metric,
-                 "; ".join(parts))
+        tasks = int(shown.get("tasks", 0))  # row data (a plain model's) counts rows alone
+        log.info("step %d validation (%s split, %s%d rows) on %s: %s", step, split,
+                 f"{tasks} tasks, " if tasks else "", int(shown.get("rows", 0)),
+                 selection.metric, "; ".join(parts))
         if self.rank == 0 and not improved:  # a new best is recorded once it is saved
             selection.save(self.ckpt_dir)
         return main, improved

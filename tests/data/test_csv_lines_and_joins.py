@@ -116,9 +116,15 @@ def test_header_only_input_is_refused_and_the_good_dataset_stays(tmp_path, capsy
 
 def test_an_input_whose_every_task_is_dropped_is_refused(tmp_path):
     src = ratings(tmp_path / "r.csv", GOOD)
-    with pytest.raises(data.DataError, match="no task left to write"):
+    with pytest.raises(data.DataError, match="no task left to write") as refused:
         data.convert_csv(str(src), str(tmp_path / "out"), MAPPING,
                          split=data.SplitConfig(query_size=2, min_rows=50))
+    assert "no 'task'" not in str(refused.value)
+    # a click log without a task under the cold-start defaults: told how to keep its rows
+    no_task = {k: v for k, v in MAPPING.items() if k != "task"}
+    with pytest.raises(data.DataError, match=r"the mapping has no 'task', so every row is its "
+                       r"own task of one row: .*--min-rows 1 --query-size 0"):
+        data.convert_csv(str(src), str(tmp_path / "out"), no_task)
 
 
 def test_an_overwrite_with_fewer_rows_is_logged_as_a_warning(tmp_path, caplog):

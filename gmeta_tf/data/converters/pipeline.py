@@ -236,10 +236,16 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
         shutil.rmtree(spill, ignore_errors=True)
         _log_skips(counts, split)
         if not sum(counts[f"{name}_tasks"] for name in SPLITS):
+            rows_are_tasks = source.get("mapping", {"task": ""}).get("task") is None
+            hint = ("; the mapping has no 'task', so every row is its own task of one row: "
+                    "for a plain CTR log keep every row with min_rows 1 and query_size 0 "
+                    "(gmeta data csv --min-rows 1 --query-size 0 --warm-fraction 1.0, or "
+                    "data.split in a pipeline, as the README's click-log example does)"
+                    if rows_are_tasks and split.min_rows > 1 else "")
             raise DataError(f"no task left to write: all {counts['dropped_short']} tasks have "
                             f"fewer than min_rows={split.min_rows} rows and "
-                            f"{counts['dropped_long']} more than max_rows={split.max_rows}",
-                            file=_inputs(source))
+                            f"{counts['dropped_long']} more than max_rows={split.max_rows}"
+                            f"{hint}", file=_inputs(source))
         record = {**split_record(split, dict(counts)), "source": source,
                   "output": {"rows_per_block": writer.rows_per_block,
                              "rows_per_file": output.rows_per_file,
