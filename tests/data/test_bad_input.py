@@ -319,6 +319,22 @@ def test_a_conversion_killed_while_replacing_a_dataset_loses_nothing(tmp_path, k
     assert sorted(p.name for p in tmp_path.iterdir() if ".tmp-" in p.name) == [live.name]
 
 
+@pytest.mark.parametrize("line, column", [('4,99,"1', "column 'label': "),  # a value
+                                          ('4,"99', "")])  # a row of too few fields
+@pytest.mark.parametrize("policy", ["skip", "error"])
+def test_a_quote_never_closed_is_refused_under_either_policy(tmp_path, line, column, policy):
+    """A stray quote makes the parser read every later line into one field: skipped as
+    one bad row, it would drop them all while counting one. It is refused, naming its line
+    and how many lines it swallowed, and nothing is written."""
+    src = write_csv(tmp_path / "in.csv", GOOD[:50] + [line] + GOOD[50:])
+    with pytest.raises(data.DataError, match=rf"{src}: {column}line 52: a quote that is never "
+                                             rf"closed: the field it opens runs over the next "
+                                             rf"{len(GOOD) - 50} lines"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
+                         output=data.OutputConfig(bad_rows=policy))
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_compressed_csv_is_named_as_compressed(tmp_path):
     import gzip
 

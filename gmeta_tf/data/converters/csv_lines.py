@@ -78,7 +78,20 @@ class _LineNumbers:
         return k + self.first + np.searchsorted(rows_before, k, side="right")
 
     def take_malformed(self, policy: str, counts: CsvCounts) -> None:
-        """Raises for (policy "error") or counts (policy "skip") the lines just rejected."""
+        """Raises for (policy "error") or counts (policy "skip") the lines just rejected.
+
+        A rejected row spanning several lines (a quote opened and never closed: the parser
+        reads the lines after it into the quoted field) raises under either policy: to
+        skip it would drop every line it swallowed while counting one."""
+        for line, found, text in self.pending:
+            spanned = text.rstrip("\r\n").count("\n")
+            if spanned and not self.dialect.several:
+                raise DataError(
+                    f"line {line}: a quote that is never closed: the field it opens runs "
+                    f"over the next {spanned} lines, read as one malformed row of {found} "
+                    f"columns (expected {len(self.names)}); close or remove the quote",
+                    file=self.path,
+                    value=self.dialect.as_written(text.partition("\n")[0])[:200])
         if self.pending and policy == "error":
             line, found, text = self.pending[0]
             raise DataError(f"line {line}: malformed line with {found} columns, expected "
@@ -327,12 +340,33 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
     for batch, first_row in record_batches(opener, path, "CSV"):
         line_numbers = lines.of(first_row, batch.num_rows)
         batch, line_numbers = _without_blank_lines(batch, line_numbers, counts)
+        _refuse_values_over_lines(batch, line_numbers, path, dialect)
         if lines.pending and policy == "error":  # rows before the bad line go first, so
             before = line_numbers < lines.pending[0][0]  # the earliest problem is reported
             yield batch.filter(pa.array(before)), line_numbers[before]
         lines.take_malformed(policy, counts)
         yield batch, line_numbers
     lines.take_malformed(policy, counts)
+
+
+def _refuse_values_over_lines(batch: pa.RecordBatch, line_numbers: np.ndarray, path: str,
+                              dialect: CsvDialect) -> None:
+    """Refuses, under either bad-rows policy, a mapped value holding a line break: a quote
+    opened and never closed, whose field runs over the lines after it (an id, a label or a
+    number never spans lines). Skipped as one bad row, it would drop every line it
+    swallowed while counting one."""
+    for name in batch.schema.names:
+        column = batch.column(name)
+        broken = pc.fill_null(pc.match_substring_regex(column, "[\r\n]"), False)
+        if not pc.any(broken).as_py():
+            continue
+        i = int(np.flatnonzero(broken.to_numpy(zero_copy_only=False))[0])
+        text = column[i].as_py()
+        spanned = text.rstrip("\r\n").replace("\r\n", "\n").count("\n")
+        raise DataError(f"line {line_numbers[i]}: a quote that is never closed: the field "
+                        f"it opens runs over the next {spanned} lines (a value of a mapped "
+                        f"column never spans lines); close or remove the quote", file=path,
+                        column=name, value=dialect.as_written(text.splitlines()[0])[:200])
 
 
 def _open_csv(path: str, dialect: CsvDialect, **options) -> pacsv.CSVStreamingReader:
