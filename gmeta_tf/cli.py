@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -282,11 +283,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, _data_error(), _checkpoint_error()) as err:
         return _bad_input(err)
     except Exception as err:
+        inside = _data_error_inside(err)
+        if inside is not None:
+            return _bad_input(inside)
         _record_status(1, f"unexpected {type(err).__name__}: {err}")
         raise
 
 
-def _bad_input(err: Exception) -> int:
+def _data_error_inside(err: Exception) -> str | None:
+    """The message of a bad-data error raised while tf.data read a batch (a TensorFlow
+    error carrying it, with the reader's traceback), or None."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(err, tf.errors.OpError):
+        return None
+    found = re.search(r"\bDataError: (.+)", err.message or "")
+    return found.group(1).strip() if found else None
+
+
+def _bad_input(err: Exception | str) -> int:
     print(f"gmeta: error: {err}", file=sys.stderr)
     _record_status(2, str(err))
     return 2

@@ -923,6 +923,16 @@ def _check_data_source(data: DataConfig) -> None:
         if not isinstance(data.mapping, (str, Mapping)) or not data.mapping:
             raise _fail("data.mapping", data.mapping, "a mapping (task, label, sparse, ...) or "
                         "the path of a YAML mapping file")
+        if isinstance(data.mapping, Mapping):  # checked here, so gmeta config says so too
+            from gmeta_tf.data.converters.csv_mapping import CsvMapping
+            from gmeta_tf.data.errors import DataError
+
+            try:
+                CsvMapping.from_dict(dict(data.mapping))
+            except DataError as err:
+                named = re.search(r"mapping keys? \[?'([^']+)'", str(err))
+                key = "data.mapping" + (f".{named.group(1)}" if named else "")
+                raise ConfigError(f"config key '{key}' is not allowed: {err}") from err
     elif data.mapping is not None:
         raise _fail("data.mapping", data.mapping, f"no mapping for data.source "
                     f"'{data.source}' (a mapping goes with data.source 'csv')")

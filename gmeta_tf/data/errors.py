@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 
+#: Ends the message of a dataset file found damaged (missing, resized, changed, unreadable).
+DAMAGED = ("; the dataset is damaged: gmeta data info DATASET checks every file against its "
+           "manifest, and gmeta data prepare --overwrite (or the gmeta data csv command with "
+           "--overwrite) makes it again")
+
+
+def one_line(err: BaseException) -> str:
+    """A library's error message on one line (its message may hold several)."""
+    return " ".join(str(err).split())
+
+
 class DataError(ValueError):
     """Bad input to Meta-IO (missing/corrupt file, schema mismatch, bad label, short task).
 

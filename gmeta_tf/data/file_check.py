@@ -7,7 +7,7 @@ import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
 from gmeta_tf.data import filesystem as fs
-from gmeta_tf.data.errors import DataError
+from gmeta_tf.data.errors import DAMAGED, DataError, one_line
 from gmeta_tf.data.manifest import FileEntry, Manifest, verify_file
 
 
@@ -23,7 +23,7 @@ def file_schema(path: str, file_format: str) -> pa.Schema:
                 return pq.read_schema(f)
             return orc.ORCFile(f).schema
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"not a readable {file_format} file: {e}", file=path) from e
+        raise DataError(f"not a readable {file_format} file: {one_line(e)}{DAMAGED}", file=path) from e
 
 
 def check_data_file(directory: str, entry: FileEntry, manifest: Manifest,

@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from gmeta_tf.data import filesystem as fs
-from gmeta_tf.data.errors import DataError
+from gmeta_tf.data.errors import DAMAGED, DataError
 from gmeta_tf.data.schema import Schema
 
 MANIFEST_NAME = "manifest.json"
@@ -172,14 +172,14 @@ def verify_file(directory: str, entry: FileEntry, checksum: bool) -> str:
     """
     path = fs.join(directory, entry.path)
     if not fs.exists(path):
-        raise DataError("data file listed in the manifest is missing", file=path)
+        raise DataError("data file listed in the manifest is missing" + DAMAGED, file=path)
     actual = fs.size(path)
     if actual != entry.bytes:
-        raise DataError("file size differs from the manifest (truncated or replaced?)",
+        raise DataError("file size differs from the manifest (truncated or replaced?)" + DAMAGED,
                         file=path, value=actual, expected=f"{entry.bytes} bytes")
     if checksum:
         digest = sha256_of(path)
         if digest != entry.sha256:
-            raise DataError("checksum mismatch: file is corrupt or was modified", file=path,
+            raise DataError("checksum mismatch: file is corrupt or was modified" + DAMAGED, file=path,
                             value=digest[:16], expected=f"sha256 {entry.sha256[:16]}...")
     return path

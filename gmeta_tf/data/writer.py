@@ -146,10 +146,15 @@ class DatasetWriter:
         self.arrow_schema = schema.arrow_schema()
         self.rows_per_file, self.rows_per_block = rows_per_file, rows_per_block
         parent = os.path.dirname(self.out_dir)
-        os.makedirs(parent, exist_ok=True)
-        self.tmp_dir = tempfile.mkdtemp(
-            prefix=f"{_staging_prefix(self.out_dir)}{os.getpid()}@{socket.gethostname()}.",
-            dir=parent)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            self.tmp_dir = tempfile.mkdtemp(
+                prefix=f"{_staging_prefix(self.out_dir)}{os.getpid()}@{socket.gethostname()}.",
+                dir=parent)
+        except OSError as e:
+            raise DataError(f"cannot write beside the output ({e.strerror or e})",
+                            file=self.out_dir,
+                            expected="a path in a directory this process can write") from e
         self._splits: dict[str, _SplitFiles] = {}
 
     def __enter__(self) -> "DatasetWriter":

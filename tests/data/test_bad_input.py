@@ -335,6 +335,18 @@ def test_a_quote_never_closed_is_refused_under_either_policy(tmp_path, line, col
     assert not (tmp_path / "out").exists()
 
 
+def test_a_directory_as_input_or_an_output_that_cannot_be_made_is_named(tmp_path):
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(data.DataError, match=f"{tmp_path / 'folder'}: input is a directory"):
+        data.convert_csv(str(tmp_path / "folder"), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    src = write_csv(tmp_path / "in.csv", GOOD)
+    (tmp_path / "a_file").write_text("x")
+    out = tmp_path / "a_file" / "out"
+    with pytest.raises(data.DataError, match=f"{out}: cannot write beside the output"):
+        data.convert_csv(str(src), str(out), MAPPING, split=SPLIT)
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
 def test_a_compressed_csv_is_named_as_compressed(tmp_path):
     import gzip
 

@@ -65,6 +65,24 @@ def test_fresh_with_a_truncated_data_file_keeps_the_checkpoints(trained, capsys)
     assert sorted(p.name for p in run_dir.iterdir() if "replaced" in p.name) == []
 
 
+def test_a_data_file_damaged_in_place_is_named_with_how_to_make_it_again(trained, capsys):
+    """A data file whose bytes changed but not its size passes the size check that every
+    read makes (only gmeta data info reads every byte); the read that meets it fails with
+    a one-line message naming the file and what to do (exit 2, no traceback), and the
+    run's checkpoints are kept."""
+    run_dir, data_dir = trained
+    manifest = meta_io.Manifest.load(str(data_dir))
+    victim = data_dir / manifest.files_of("warm")[0].path
+    raw = bytearray(victim.read_bytes())
+    raw[4:len(raw) // 2] = bytes(len(raw) // 2 - 4)  # pages zeroed, the footer kept
+    victim.write_bytes(bytes(raw))
+    assert main(["train", "--fresh", *_sets(run_dir, data_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"gmeta: error: {victim}: cannot read rows" in err
+    assert "gmeta data prepare --overwrite" in err and "Traceback" not in err
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+
+
 def test_fresh_sets_old_checkpoints_aside_until_its_first_checkpoint(trained, monkeypatch):
     run_dir, data_dir = trained
     real_save = checkpoint.save
@@ -242,11 +260,21 @@ def test_a_csv_pipeline_needs_its_mapping_and_names_a_bad_mapping_key(tmp_path):
     with pytest.raises(ConfigError, match=r"'data.mapping' = .* expected no mapping for "
                                           r"data.source 'synthetic'"):
         from_dict({**tables, "data": {"mapping": {"task": "u", "label": "y"}}})
+    with pytest.raises(ConfigError, match=r"config key 'data.mapping.sparce' is not allowed: "
+                                          r"unknown mapping keys \['sparce'\]"):
+        from_dict({**tables, "data": {"source": "csv", "raw": "r.csv",
+                                      "mapping": {"task": "u", "label": "y",
+                                                  "sparce": ["item_id"]}}})
+    with pytest.raises(ConfigError, match=r"config key 'data.mapping.columns' is not allowed: "
+                                          r"mapping key 'columns' .*got 'u'.* a list of column"):
+        from_dict({**tables, "data": {"source": "csv", "raw": "r.csv",
+                                      "mapping": {"task": "u", "label": "y", "columns": "u"}}})
+    mapping_file = tmp_path / "mapping.yaml"  # a mapping file: read and checked by prepare
+    mapping_file.write_text("task: u\nlabel: y\nsparce: [item_id]\n")
     config = from_dict({**tables, "data": {"source": "csv", "raw": "r.csv",
-                                           "mapping": {"task": "u", "label": "y",
-                                                       "sparce": ["item_id"]}}})
-    with pytest.raises(ConfigError, match=r"config key 'data.mapping' is not allowed: unknown "
-                                          r"mapping keys \['sparce'\]"):
+                                           "mapping": str(mapping_file)}})
+    with pytest.raises(ConfigError, match=r"config key 'data.mapping' is not allowed: "
+                                          r".*mapping.yaml: unknown mapping keys \['sparce'\]"):
         csv_mapping(config)
 
 

@@ -85,8 +85,10 @@ class CsvMapping:
                 raise DataError(f"mapping key {name!r} is not allowed", value=getattr(self, name),
                                 expected="a non-empty string")
         self.dialect.check()
-        for name in ("sparse", "dense"):
+        for name in ("sparse", "dense", "columns"):
             value = getattr(self, name)
+            if name == "columns" and value is None:
+                continue
             if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
                 raise DataError(f"mapping key {name!r} is not allowed", value=value,
                                 expected="a list of column names")
@@ -377,6 +379,11 @@ def convert_csv(src: str | list[str], out_dir: str, mapping: CsvMapping | dict |
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
         raise DataError("input file not found", file=missing[0])
+    folders = [p for p in paths if os.path.isdir(p)]
+    if folders:
+        raise DataError("input is a directory", file=folders[0],
+                        expected="a CSV file (gmeta data csv takes several, each named: "
+                                 "gmeta data csv a.csv b.csv OUT)")
     output = output or OutputConfig()
     sides = _side_tables(mapping)
     counts = CsvCounts()

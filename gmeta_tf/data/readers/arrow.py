@@ -11,7 +11,7 @@ import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
 from gmeta_tf.data import filesystem as fs
-from gmeta_tf.data.errors import DataError
+from gmeta_tf.data.errors import DAMAGED, DataError, one_line
 from gmeta_tf.data.readers.base import CHUNK_ROWS, Chunk, ColumnReader
 from gmeta_tf.data.schema import TASK_COLUMN
 
@@ -39,7 +39,7 @@ class ArrowReader(ColumnReader):
             else:
                 yield from self._read_orc(path, start, stop, columns)
         except (pa.ArrowException, OSError) as e:
-            raise DataError(f"cannot read rows {start}..{stop}: {e}", file=path) from e
+            raise DataError(f"cannot read rows {start}..{stop}: {one_line(e)}{DAMAGED}", file=path) from e
 
     def close(self) -> None:
         self._last_stripe.clear()

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from gmeta_tf.data.errors import DataError
+from gmeta_tf.data.errors import DAMAGED, DataError, one_line
 from gmeta_tf.data.readers.base import CHUNK_ROWS, Chunk, ColumnReader, ReaderCrashed
 
 
@@ -55,7 +55,7 @@ class TfioIOTensorReader(ColumnReader):
         except Exception as e:  # tensorflow-io raises assorted TF and Python errors
             if isinstance(e, DataError):
                 raise
-            raise DataError(f"tensorflow-io IOTensor cannot read rows {start}..{stop}: {e}",
+            raise DataError(f"tensorflow-io IOTensor cannot read rows {start}..{stop}: {one_line(e)}{DAMAGED}",
                             file=path) from e
 
     def close(self) -> None:
@@ -108,7 +108,7 @@ class TfioDatasetReader(ColumnReader):
                 chunk = cursor.take(stop - start)
             yield chunk
         except Exception as e:
-            raise DataError(f"tensorflow-io IODataset cannot read rows {start}..{stop}: {e}",
+            raise DataError(f"tensorflow-io IODataset cannot read rows {start}..{stop}: {one_line(e)}{DAMAGED}",
                             file=path) from e
 
     def close(self) -> None:
