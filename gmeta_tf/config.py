@@ -454,7 +454,10 @@ def load_config(name_or_path: str | os.PathLike | None = None,
     text = None
     try:
         text = path.read_text(encoding="utf-8")
-        raw = load_yaml(text) or {}
+        raw = load_yaml(text)
+        if raw is None:
+            raise ConfigError(f"config file {path}: empty (no key in it): expected a pipeline "
+                              f"config, e.g. a copy of pipelines/default.yaml")
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -39,6 +39,28 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _mapping_once_per_key(loader: _Loader, node: yaml.MappingNode) -> dict:
+    """A YAML mapping whose keys are each given once: a key given twice (the later value
+    silently winning, as PyYAML reads it) is an error naming both lines."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first on line {seen[key] + 1})",
+                    key_node.start_mark)
+        except TypeError:  # an unhashable key: PyYAML's own error follows
+            continue
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once_per_key)
+
+
 def load_yaml(text):
     """Config YAML (a file's text or a stream, or a ``--set`` value) as Python values."""
     return yaml.load(text, Loader=_Loader)

@@ -140,7 +140,7 @@ class DatasetWriter:
         if os.path.lexists(self.out_dir):
             if not overwrite:
                 raise DataError("output exists: a dataset there is replaced only with "
-                                "--overwrite (OutputConfig(overwrite=True))", file=self.out_dir)
+                                "--overwrite (in Python: output=OutputConfig(overwrite=True))", file=self.out_dir)
             _check_replaceable(self.out_dir)
         self.schema, self.file_format = schema, file_format
         self.arrow_schema = schema.arrow_schema()

@@ -308,6 +308,15 @@ def test_bad_override_syntax_and_bad_yaml(tmp_path):
         "\n" not in message), message
     with pytest.raises(ConfigError, match="neither a file nor a ready pipeline"):
         load_config("no-such-pipeline")
+    twice = tmp_path / "twice.yaml"  # PyYAML alone would keep the later value silently
+    twice.write_text("name: x\ntrain:\n  steps: 1000\n  log_every: 5\n  steps: 7\n")
+    with pytest.raises(ConfigError, match=rf"config file {twice}, line 5, column 3: not valid "
+                                          rf"YAML \(key 'steps' given twice \(first on line 3\)"):
+        load_config(twice)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match=rf"config file {empty}: empty \(no key in it\)"):
+        load_config(empty)
 
 
 def test_an_override_with_a_colon_is_text_unless_written_as_a_flow_mapping():

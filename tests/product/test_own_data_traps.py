@@ -60,6 +60,9 @@ def test_fresh_with_a_truncated_data_file_keeps_the_checkpoints(trained, capsys)
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     assert main(["train", "--fresh", *_sets(run_dir, data_dir)]) == 2
     assert f"{victim}: file size differs from the manifest" in capsys.readouterr().err
+    assert main(["data", "prepare", *_sets(run_dir, data_dir)]) == 2  # not "using it"
+    err = capsys.readouterr().err
+    assert f"{victim}: file size differs" in err and "prepare --overwrite" in err
     assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
     checkpoint.verify(run_dir / "checkpoints" / "ckpt-4")  # intact, checksums and all
     assert sorted(p.name for p in run_dir.iterdir() if "replaced" in p.name) == []
