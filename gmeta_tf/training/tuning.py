@@ -320,7 +320,7 @@ class _Record:
         recorded = self.trials[number]
         if _plain(recorded.settings) != _plain(settings):
             raise ConfigError(
-                f"gmeta tune --resume: trial {number + 1} recorded in {self.path} had "
+                f"gmeta tune --resume: trial {number} recorded in {self.path} had "
                 f"settings {recorded.settings}, the study now asks {settings} (Optuna or "
                 f"the search space changed): start the study anew without --resume")
         return recorded
@@ -399,10 +399,11 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         merged = {k: v for s in settings.values() for k, v in s.items()}
         recorded = record.trial(number, settings)
         if recorded is not None:
-            log.info("trial %d/%d: recorded: %s", number + 1, trials, merged)
+            log.info("trial %d (%d of %d): recorded: %s", number, number + 1, trials, merged)
             values, steps, status = recorded.values, recorded.best_steps, recorded.status
         else:
-            log.info("trial %d/%d: %s", number + 1, trials, merged)
+            log.info("trial %d (%d of %d, in %s): %s", number, number + 1, trials,
+                     root / f"trial-{number}", merged)
             values, steps, status = run_trial(config_arg, overrides,
                                               root / f"trial-{number}", merged, np_, patience)
         for name, study in studies.items():
@@ -412,7 +413,7 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
             else:
                 study.tell(asked[name], value)
         results.append(TrialResult(number, settings, values, steps, status))
-        log.info("trial %d: %s validation %s %s", number + 1, status, metric,
+        log.info("trial %d: %s validation %s %s", number, status, metric,
                  {n: round(v, 4) for n, v in values.items()})
         write()
         if number == 0 and not values:
@@ -532,12 +533,12 @@ def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root
         settings = {name: results[numbers[i] if i < len(numbers) else ranked[name][0]]
                     .settings[name] for name, numbers in lists.items()}
         merged = {k: v for s in settings.values() for k, v in s.items()}
-        log.info("re-check %d/%d with other seeds: %s", i + 1, count,
-                 {name: f"trial {n + 1}" for name, n in picks.items()})
+        log.info("re-check %d (%d of %d) with other seeds: %s", i, i + 1, count,
+                 {name: f"trial {n}" for name, n in picks.items()})
         done = recorded(i, settings)
         if done is not None:
             values, steps, status = done.values, done.best_steps, done.status
-            log.info("re-check %d: recorded", i + 1)
+            log.info("re-check %d: recorded", i)
         else:
             values, steps, status = run_trial(config_arg, list(overrides) + seeds,
                                               root / f"recheck-{i}", merged, np_, patience)
@@ -545,7 +546,7 @@ def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root
         for name, n in picks.items():
             out.setdefault((name, n), []).append(values.get(name, math.nan))
         results.append(TrialResult(len(results), settings, values, steps, status))
-        log.info("re-check %d: %s validation %s", i + 1, status,
+        log.info("re-check %d: %s validation %s", i, status,
                  {n: round(v, 4) for n, v in values.items()})
         write()
     return out
