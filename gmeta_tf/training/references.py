@@ -226,20 +226,37 @@ def _clip(kind: str, p: np.ndarray) -> np.ndarray:
 
 
 class LinearModel:
-    """Logistic regression on hashed one-hot sparse ids and dense inputs (NumPy, Adagrad)."""
+    """Logistic regression on hashed one-hot sparse ids and dense inputs (NumPy, Adagrad).
+
+    An id the training rows never had weighs nothing (``learn_vocabulary``), as in the
+    model's own linear term (an unknown id reads the table's default row, 0), instead of
+    the weight of whichever training id shares its hashed column: so a plain model started
+    from this one (``linear_start``) scores every row as it does."""
 
     def __init__(self, data: ReferenceData, buckets: int = 1 << 20, learning_rate: float = 0.1,
                  l2: float = 1e-5, seed: int = 0):
         self.data, self.buckets, self.lr, self.l2 = data, buckets, learning_rate, l2
+        self.vocabulary: dict[str, np.ndarray] | None = None  # sorted training ids
         self.w = np.zeros(buckets)
         self.w_acc = np.full(buckets, 1e-8)
         self.v: np.ndarray | None = None   # dense weights, sized at the first batch
         self.b, self.b_acc = 0.0, 1e-8
         self.rng = np.random.default_rng(seed)
 
+    def learn_vocabulary(self, rows: Mapping[str, np.ndarray]) -> None:
+        """Records the training rows' ids of each sparse feature: any other id weighs
+        nothing."""
+        self.vocabulary = {}
+        for name in self.data.sparse:
+            x = np.asarray(rows[name]).astype(np.int64).reshape(-1)
+            self.vocabulary[name] = np.unique(x[x >= 0])
+
     def _features(self, rows: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
                                                                  np.ndarray]:
-        """(hashed ids [n, F], their 0/1 weights [n, F], dense inputs [n, D])."""
+        """(hashed ids [n, F], their weights [n, F], dense inputs [n, D]): 1 for a present
+        id (a multi-hot feature's 1 / its present ids, the mean the tower pools), 0 for
+        padding and for an id outside the vocabulary (still counted in that mean, as the
+        tower's unknown id is a row of zeros)."""
         ids, weights = [], []
         for i, name in enumerate(self.data.sparse):
             x = np.asarray(rows[name]).astype(np.int64)
@@ -247,6 +264,10 @@ class LinearModel:
             w = (x >= 0).astype(np.float64)
             if x.shape[1] > 1:  # multi-hot: mean of the present ids, as the tower pools
                 w = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
+            if self.vocabulary is not None:
+                known = self.vocabulary[name]
+                at = np.minimum(np.searchsorted(known, x), max(len(known) - 1, 0))
+                w = w * (known[at] == x if len(known) else np.zeros_like(w, bool))
             ids.append(self._buckets(i, x))
             weights.append(w)
         dense = [np.asarray(rows[n], np.float64).reshape(len(ids[0]) if ids else
@@ -324,6 +345,7 @@ def fit_linear(data: ReferenceData, train: Mapping[str, np.ndarray],
     best: tuple[float, LinearModel | None, dict] = (np.inf, None, {})
     for l2 in L2_PENALTIES:
         model = LinearModel(data, l2=l2, seed=seed)
+        model.learn_vocabulary(train)
         features, valid_features = model._features(train), model._features(valid)
         best_here, stale = np.inf, 0
         for epoch in range(1, max_epochs + 1):

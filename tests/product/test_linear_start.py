@@ -44,6 +44,22 @@ def test_the_started_model_scores_rows_as_the_linear_reference(tiny_data, tmp_pa
     np.testing.assert_allclose(started, linear, rtol=1e-4, atol=1e-5)
     kernel, _ = model.tower.final_layer
     assert not np.any(model.tower.params()[kernel].numpy())
+    # ids the training rows never had (a third of each feature's): they weigh nothing in
+    # either, not the weight of a training id sharing the reference's hashed column
+    unseen = []
+    for b in batches:
+        b = dict(b)
+        for name in model.tower.sparse_features:
+            ids = np.asarray(b[name]).copy()
+            rows = np.arange(len(ids)) % 3 == 0
+            ids[rows] = np.where(ids[rows] >= 0, (1 << 50) + np.arange(rows.sum()).reshape(
+                (-1,) + (1,) * (ids.ndim - 1)), ids[rows])
+            b[name] = ids
+        unseen.append(b)
+    np.testing.assert_allclose(
+        np.concatenate([model(b).numpy() for b in unseen]),
+        np.concatenate([references.predictors["logistic regression"](b) for b in unseen]),
+        rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("override, expected", [
