@@ -238,3 +238,23 @@ def test_a_mapping_needs_a_label_but_not_a_task(tmp_path, capsys):
     assert cli.main(["csv", str(src), str(tmp_path / "out"), "--label", "rating",
                      "--query-size", "0", "--min-rows", "1"]) == 0
     assert rows_of(tmp_path / "out") == len(GOOD)
+
+
+def test_columns_left_out_of_the_mapping_are_named_and_an_order_without_tasks_warned(
+        tmp_path, caplog):
+    """A click log's columns the mapping gives no role (an id, an hour) are named in the
+    log, so a column left out by mistake is seen; ``order_by`` without a task (every row
+    its own task) orders nothing, and says so."""
+    src = tmp_path / "clicks.csv"
+    src.write_text("\n".join(["id,click,hour,site,app"] + [
+        f"{i},{int(i % 4 == 0)},1410210{i % 10},s{i % 7},a{i % 3}" for i in range(60)]) + "\n")
+    with caplog.at_level("INFO"):
+        data.convert_csv(str(src), str(tmp_path / "out"),
+                         {"label": "click", "label_range": [0, 1], "sparse": ["site", "app"],
+                          "order_by": "hour"},
+                         split=data.SplitConfig(warm_fraction=1.0, query_size=0, min_rows=1))
+    err = caplog.text
+    assert f"{src}: columns the mapping does not read (no role: " in err
+    assert "dense or order_by): id\n" in err  # hour is read, as the order
+    assert "mapping key 'order_by' (hour) orders each task's rows, and the mapping has no " \
+           "'task'" in err

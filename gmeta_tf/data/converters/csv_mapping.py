@@ -45,8 +45,8 @@ import pyarrow.compute as pc
 
 from gmeta_tf.data import hashing
 from gmeta_tf.data.converters.csv_join import JoinSpec, SideTable
-from gmeta_tf.data.converters.csv_lines import (CsvCounts, CsvDialect, header_of, numbers,
-                                                text_batches, timestamps)
+from gmeta_tf.data.converters.csv_lines import (CsvCounts, CsvDialect, file_columns,
+                                                header_of, numbers, text_batches, timestamps)
 from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
@@ -305,6 +305,16 @@ def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], 
         in_header = ({read: own for read, own in zip(mapping.columns, header_of(
             path, mapping.dialect)) if read != own} if mapping.header and mapping.columns
             else {})
+        if index == 0:
+            unread = [c for c in file_columns(path, mapping.dialect, mapping.header,
+                                              mapping.columns) if c not in columns]
+            if unread:
+                log.info("%s: columns the mapping does not read (no role: task, label, "
+                         "sparse, multi_hot, dense or order_by): %s", path, ", ".join(unread))
+        if index == 0 and mapping.task is None and mapping.order_by:
+            log.warning("mapping key 'order_by' (%s) orders each task's rows, and the mapping "
+                        "has no 'task': every row is its own task, so it orders nothing",
+                        mapping.order_by)
         for batch, lines in text_batches(path, columns, dialect=mapping.dialect,
                                          header=mapping.header, names=mapping.columns,
                                          policy=policy, counts=counts, block_bytes=block_bytes,
