@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="continue the study recorded in <run_dir>/tune/trials.json: its "
                          "trials keep their scores and the study goes on where it stopped "
                          "(the same --config, --set, --seed, --np and --patience; --trials "
-                         "may be larger)")
+                         "may be larger, not smaller)")
     ev = _with_config(sub.add_parser(
         "eval", help="score the cold split and eval data: models, baseline, references"))
     ev.add_argument("--checkpoint", help="checkpoint directory (default: each model's best on "

@@ -52,8 +52,9 @@ The chosen settings are written to ``<run_dir>/tuned.yaml``, which ``gmeta train
 study that was stopped: the samplers are asked again in order, as the first run asked
 them, and each trial (and re-check) recorded with the very settings asked now takes its
 recorded scores instead of training again, so the study ends where an uninterrupted one
-would, with as many trials as the new ``--trials`` asks. Without it, an earlier study's
-record is kept as ``trials.previous.json``. Before any trial the pipeline's dataset is made (or the
+would, with as many trials as the new ``--trials`` asks (no fewer than recorded); a
+study defined otherwise (the config's contents, the dataset's files, the metric, ...) is
+refused. Without it, an earlier study's record is kept as ``trials.previous-<time>.json``. Before any trial the pipeline's dataset is made (or the
 one there checked) and the config checked against it, as ``gmeta train`` does; a first
 trial (the pipeline's own settings) that fails stops the study with its error.
 """
@@ -61,6 +62,7 @@ trial (the pipeline's own settings) that fails stops the study with its error.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -286,14 +288,15 @@ class _Record:
     """The trials and re-checks of an earlier run of the same study (``--resume``), each
     taken once, in order, where the study asks for the very settings it recorded."""
 
-    def __init__(self, path: Path, study: dict, resume: bool) -> None:
+    def __init__(self, path: Path, study: dict, resume: bool, trials: int) -> None:
         self.path, self.trials, self.rechecks, self.count = path, [], [], 0
         if not path.is_file():
             return
         if not resume:
-            shutil.copyfile(path, path.with_name("trials.previous.json"))
-            log.info("gmeta tune: %s holds an earlier study's trials, kept as "
-                     "trials.previous.json (--resume continues a stopped study instead)", path)
+            kept = path.with_name(f"trials.previous-{int(path.stat().st_mtime)}.json")
+            shutil.copyfile(path, kept)
+            log.info("gmeta tune: %s holds an earlier study's trials, kept as %s (--resume "
+                     "continues a stopped study instead)", path, kept.name)
             return
         try:
             recorded = json.loads(path.read_text())
@@ -301,14 +304,25 @@ class _Record:
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"gmeta tune --resume: {path} is not a trials record this "
                               f"version wrote ({e}); start the study anew without --resume") from e
-        before = recorded.get("study", {})
+        if "study" not in recorded:
+            raise ConfigError(f"gmeta tune --resume: {path} was written before studies "
+                              f"could be resumed (it does not say what defined its study); "
+                              f"start the study anew without --resume")
+        before = recorded["study"]
         for key, value in study.items():
             if before.get(key) != value:
+                shown = {"pipeline": "the checked config (a file edited since?)",
+                         "dataset": "the dataset's files (made again since?)"}
                 raise ConfigError(
-                    f"gmeta tune --resume: the study recorded in {path} had {key} "
-                    f"{before.get(key)!r}, this one {value!r}: a study resumes only as it "
-                    f"began (start it anew without --resume)")
+                    f"gmeta tune --resume: the study recorded in {path} had another {key}"
+                    + (f" ({shown[key]})" if key in shown else
+                       f": {before.get(key)!r}, this one {value!r}")
+                    + ": a study resumes only as it began (start it anew without --resume)")
         self.count = int(recorded.get("trials_asked", 0))
+        if trials < self.count:
+            raise ConfigError(f"gmeta tune --resume --trials {trials}: the study recorded in "
+                              f"{path} asks for {self.count} trials; resume it with --trials "
+                              f"{self.count} or more")
         self.trials = [r for r in results if r.number < self.count]
         self.rechecks = [r for r in results if r.number >= self.count]
         log.info("gmeta tune --resume: %d trials and %d re-checks recorded in %s",
@@ -382,12 +396,14 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
     for name, study in studies.items():
         study.enqueue_trial(pipeline_params(name if config.meta.enabled else "ctr", config))
     root = Path(config.run_dir) / "tune"
-    study_key = {"config": config_arg, "overrides": list(overrides), "seed": seed,
-                 "world_size": np_, "patience": patience}
-    record = _Record(root / "trials.json", study_key, resume)
-    check_data(config, np_)
+    dataset = check_data(config, np_)
     # the factor prior's settings do not depend on any searched one: chosen once, here
     prior = chosen_factor_settings(config)
+    study_key = {"config": config_arg, "overrides": list(overrides), "seed": seed,
+                 "world_size": np_, "patience": patience, "metric": metric,
+                 "pipeline": _digest(dataclasses.asdict(config)), "dataset": dataset,
+                 "prior": _plain(prior)}
+    record = _Record(root / "trials.json", study_key, resume, trials)
     overrides = [*overrides, *(f"{key}={value}" for key, value in prior.items())]
     root.mkdir(parents=True, exist_ok=True)
     results: list[TrialResult] = []
@@ -449,15 +465,23 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
     return summary
 
 
-def check_data(config: PipelineConfig, np_: int) -> None:
+def check_data(config: PipelineConfig, np_: int) -> str:
     """Makes the pipeline's dataset (or checks the one there) and checks the config against
     it, as ``gmeta train`` does, once before any trial: a dataset that does not fit stops
-    the study with its own message instead of failing every trial."""
+    the study with its own message instead of failing every trial. Returns a digest of
+    the dataset's files (their checksums), which a resumed study must find again."""
     from gmeta_tf.training.config_check import check_against_dataset
     from gmeta_tf.training.dataset_prep import prepare_dataset
 
     manifest = prepare_dataset(config, world_size=np_)
     check_against_dataset(config, manifest, training=True, eval_split=False)
+    return _digest(sorted((f.path, f.sha256) for f in manifest.files))
+
+
+def _digest(value: Any) -> str:
+    """A short SHA-256 of ``value`` as JSON (keys sorted; other objects by their repr)."""
+    text = json.dumps(value, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def trial_errors(log_text: str) -> str:

@@ -178,7 +178,7 @@ def _fake_trials(monkeypatch, kill_at=None):
                 {"model": 10, "baseline": 20}, "ok")
 
     monkeypatch.setattr(tuning, "run_trial", run_trial)
-    monkeypatch.setattr(tuning, "check_data", lambda config, np_: None)
+    monkeypatch.setattr(tuning, "check_data", lambda config, np_: "data")
     monkeypatch.setattr(tuning, "chosen_factor_settings", lambda config: {})
     return runs
 
@@ -201,8 +201,11 @@ def test_a_resumed_study_ends_where_an_uninterrupted_one_does(monkeypatch, tmp_p
     with pytest.raises(_Killed):
         tuning.tune(*args, trials=5, rechecks=1)
     assert not (tmp_path / "b" / "tuned.yaml").exists()
-    with pytest.raises(ConfigError, match="recorded in .*trials.json had seed 0, this one 1"):
+    with pytest.raises(ConfigError, match="recorded in .*trials.json had another seed: 0, "
+                                          "this one 1"):
         tuning.tune(*args, trials=5, rechecks=1, seed=1, resume=True)
+    with pytest.raises(ConfigError, match="asks for 5 trials; resume it with --trials 5 or"):
+        tuning.tune(*args, trials=4, rechecks=1, resume=True)
     runs = _fake_trials(monkeypatch)
     tuning.tune(*args, trials=5, rechecks=1, resume=True)
     assert runs == whole[kill_at - 1:]  # the killed run again, then the rest
@@ -221,4 +224,21 @@ def test_a_resumed_study_ends_where_an_uninterrupted_one_does(monkeypatch, tmp_p
     before = (tune_dir / "trials.json").read_text()
     _fake_trials(monkeypatch)
     tuning.tune(*args, trials=2, rechecks=0)
-    assert (tune_dir / "trials.previous.json").read_text() == before
+    kept = list(tune_dir.glob("trials.previous-*.json"))
+    assert [p.read_text() for p in kept] == [before]
+
+
+def test_a_study_whose_config_file_changed_is_not_resumed(monkeypatch, tmp_path):
+    from gmeta_tf.config import ConfigError, resolve_pipeline
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(resolve_pipeline("default").read_text())
+    _fake_trials(monkeypatch, kill_at=2)
+    args = (str(mine), [f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(_Killed):
+        tuning.tune(*args, trials=3, rechecks=0)
+    mine.write_text(mine.read_text().replace("  patience: 5", "  patience: 6", 1))
+    _fake_trials(monkeypatch)
+    with pytest.raises(ConfigError, match=r"had another pipeline \(the checked config \(a "
+                                          r"file edited since\?\)\)"):
+        tuning.tune(*args, trials=3, rechecks=0, resume=True)
