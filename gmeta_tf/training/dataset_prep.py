@@ -175,10 +175,10 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False,
     d = config.data
     if dataset_exists(d.path) and not overwrite:
         manifest = meta_io.Manifest.load(d.path)
-        damage = _damage(d.path, manifest)
+        reason = _mismatch(config, manifest, world_size)
+        damage = _damage(d.path, manifest) if reason is None else None
         if damage is not None:  # said, with how to make it again, not remade unasked
             raise damage
-        reason = _mismatch(config, manifest, world_size)
         if reason is None:
             log.info("dataset %s exists: using it", d.path)
             return manifest

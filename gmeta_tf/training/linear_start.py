@@ -27,7 +27,9 @@ An id the training rows never had weighs nothing in either: the model reads its 
 default row (0), and the reference gives no weight to an id outside its vocabulary (it
 used to read the weight of any training id sharing the id's hashed column; on an
 Avazu-shaped log 57 of 746 validation rows then differed). So the started model scores
-every row as the reference does, up to float32 rounding.
+every row as the reference does, up to float32 rounding, but in a table whose features
+share ids (``shared_ids``): there an id holds the mean of its features' weights, and an id
+one feature never had reads another feature's weight.
 """
 
 from __future__ import annotations

@@ -335,6 +335,23 @@ def test_a_quote_never_closed_is_refused_under_either_policy(tmp_path, line, col
     assert not (tmp_path / "out").exists()
 
 
+def test_a_closed_quote_over_two_lines_in_a_row_of_the_wrong_width_follows_the_policy(
+        tmp_path):
+    """Quotes closed, a row of the wrong width that spans two lines is a malformed row as
+    any other: skipped and counted under skip, not called an unclosed quote."""
+    src = write_csv(tmp_path / "in.csv", GOOD[:50] + ['4,99,"1\n0",extra'] + GOOD[50:])
+    m = data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
+                         output=data.OutputConfig(bad_rows="skip"))
+    assert m.split["lines_skipped_malformed"] == 1
+    assert sum(f.rows for f in m.files) == len(GOOD)  # every other row kept
+
+
+@pytest.mark.parametrize("multi_hot", ["genres", [3], {3: 2}])
+def test_a_multi_hot_mapping_of_the_wrong_type_is_named(multi_hot):
+    with pytest.raises(data.DataError, match="multi"):
+        data.CsvMapping.from_dict({**MAPPING, "multi_hot": multi_hot})
+
+
 def test_a_directory_as_input_or_an_output_that_cannot_be_made_is_named(tmp_path):
     (tmp_path / "folder").mkdir()
     with pytest.raises(data.DataError, match=f"{tmp_path / 'folder'}: input is a directory"):

@@ -85,7 +85,9 @@ class _LineNumbers:
         skip it would drop every line it swallowed while counting one."""
         for line, found, text in self.pending:
             spanned = text.rstrip("\r\n").count("\n")
-            if spanned and not self.dialect.several:
+            # an odd number of quotes: one opened and never closed (a quoted field over
+            # several lines with its quotes closed is a row of the wrong width, as any)
+            if spanned and not self.dialect.several and text.count('"') % 2:
                 raise DataError(
                     f"line {line}: a quote that is never closed: the field it opens runs "
                     f"over the next {spanned} lines, read as one malformed row of {found} "

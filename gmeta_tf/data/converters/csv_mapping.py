@@ -92,6 +92,10 @@ class CsvMapping:
             if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
                 raise DataError(f"mapping key {name!r} is not allowed", value=value,
                                 expected="a list of column names")
+        if not isinstance(self.multi_hot, dict) or not all(
+                isinstance(c, str) and c for c in self.multi_hot):
+            raise DataError("mapping key 'multi_hot' is not allowed", value=self.multi_hot,
+                            expected="a mapping of column name to width, e.g. {genres: 3}")
         for column, width in self.multi_hot.items():
             if isinstance(width, bool) or not isinstance(width, int) or width < 1:
                 raise DataError(f"mapping key 'multi_hot.{column}' is not allowed", value=width,
@@ -198,8 +202,8 @@ def _number(value: Any, key: str) -> float:
 
 
 def _name_width(spec: str) -> tuple[str, int]:
-    name, _, width = spec.partition(":")
-    if not width.isdigit():
+    name, _, width = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not name or not width.isdigit():
         raise DataError("multi-hot spec needs a width", value=spec, expected="NAME:WIDTH, e.g. genres:6")
     return name, int(width)
 
