@@ -225,7 +225,10 @@ def _tidy_staging(out_dir: str) -> None:
             continue
         path = os.path.join(parent, name)
         if name.endswith(".old") and not os.path.lexists(out_dir):
-            os.replace(path, out_dir)
+            try:
+                os.replace(path, out_dir)
+            except FileNotFoundError:  # another conversion put it back first
+                continue
             fsync_dir(parent)
             log.warning("put back %s: a conversion killed while replacing it (process %s) "
                         "had set it aside as %s", out_dir, pid, name)
