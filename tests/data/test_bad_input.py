@@ -346,6 +346,29 @@ def test_a_closed_quote_over_two_lines_in_a_row_of_the_wrong_width_follows_the_p
     assert sum(f.rows for f in m.files) == len(GOOD)  # every other row kept
 
 
+def test_lines_inside_a_quoted_value_of_an_unread_column_are_counted_and_warned(
+        tmp_path, caplog):
+    """A quote opened in a column the mapping does not read, closed three lines later,
+    makes those lines one row (legitimate in a free-text column, a loss of rows when the
+    quote was a slip): the file's lines are counted against the rows read and the
+    difference is warned, naming the file."""
+    lines = ["user_id,item_id,label,note"] + [f"{g},x" for g in GOOD]
+    lines[51] = lines[51][:-1] + '"oops'
+    lines[54] = lines[54][:-1] + 'z"'
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(lines) + "\n")
+    with caplog.at_level("WARNING"):
+        m = data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    assert f"{src}: {len(lines)} lines hold {len(lines) - 3} rows" in caplog.text
+    assert sum(f.rows for f in m.files) == len(GOOD) - 3
+    caplog.clear()
+    clean = tmp_path / "clean.csv"
+    clean.write_text("\r\n".join(["user_id,item_id,label,note"] + [f"{g},x" for g in GOOD]))
+    with caplog.at_level("WARNING"):
+        data.convert_csv(str(clean), str(tmp_path / "clean_out"), MAPPING, split=SPLIT)
+    assert "lines hold" not in caplog.text
+
+
 @pytest.mark.parametrize("multi_hot", ["genres", [3], {3: 2}])
 def test_a_multi_hot_mapping_of_the_wrong_type_is_named(multi_hot):
     with pytest.raises(data.DataError, match="multi"):

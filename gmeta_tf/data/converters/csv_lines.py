@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import functools
 import io
+import logging
 from typing import Iterator
 
 import numpy as np
@@ -27,6 +28,8 @@ import pyarrow.csv as pacsv
 
 from gmeta_tf.data.converters.pipeline import record_batches
 from gmeta_tf.data.errors import DataError
+
+log = logging.getLogger(__name__)
 
 #: Raw values read as a missing number (pyarrow's defaults, as the CSV reader knows them).
 MISSING_NUMBER_TEXT = ("", "NA", "N/A", "n/a", "NaN", "nan", "-NaN", "-nan", "NULL", "null",
@@ -339,7 +342,9 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
                                    strings_can_be_null=False, quoted_strings_can_be_null=False)
     opener = functools.partial(_open_csv, path, dialect, read_options=read,
                                parse_options=parse, convert_options=convert)
+    rows = 0
     for batch, first_row in record_batches(opener, path, "CSV"):
+        rows += batch.num_rows
         line_numbers = lines.of(first_row, batch.num_rows)
         batch, line_numbers = _without_blank_lines(batch, line_numbers, counts)
         _refuse_values_over_lines(batch, line_numbers, path, dialect)
@@ -349,6 +354,35 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
         lines.take_malformed(policy, counts)
         yield batch, line_numbers
     lines.take_malformed(policy, counts)
+    _warn_rows_over_lines(path, dialect, (1 if header else 0) + rows + len(lines.rejected))
+
+
+def _warn_rows_over_lines(path: str, dialect: CsvDialect, read: int,
+                          chunk_bytes: int = 1 << 22) -> None:
+    """Warns when the file has more lines than the rows (header, data, rejected) read from
+    it: quoted values span lines, as a free-text column's may, or a quote in a column the
+    mapping does not read was never closed and its field swallowed the lines after it
+    (a mapped column's value never spans lines: ``_refuse_values_over_lines``). Lines are
+    counted for an encoding whose line break is the byte ``\n`` alone."""
+    if "\n".encode(dialect.encoding) != b"\n" or "\r".encode(dialect.encoding) != b"\r":
+        return
+    newlines = lone_returns = 0
+    last = b""
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            newlines += chunk.count(b"\n")
+            lone_returns += chunk.count(b"\r") - chunk.count(b"\r\n")
+            last = chunk[-1:]
+    if lone_returns > 0:  # line breaks of \r alone: counted otherwise by the parser
+        return
+    physical = newlines + (1 if last not in (b"", b"\n") else 0)
+    if physical > read:
+        log.warning("%s: %d lines hold %d rows (header and malformed lines included): %d "
+                    "lines are inside quoted values that span lines, as a free-text "
+                    "column's may, or inside the field of a quote that was never closed in "
+                    "a column the mapping does not read, whose rows are then lost; line "
+                    "numbers in messages after the first such value are off by up to %d",
+                    path, physical, read, physical - read, physical - read)
 
 
 def _refuse_values_over_lines(batch: pa.RecordBatch, line_numbers: np.ndarray, path: str,
