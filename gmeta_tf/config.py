@@ -490,7 +490,7 @@ def _located(message: str, path: Path, text: str, overrides: Sequence[str],
     found = re.match(r"config key '([^']+)'", message)
     if not found:
         return message
-    key = found.group(1)
+    key = re.sub(r"\[\d+\]", "", found.group(1))  # a list item's key: the list's
 
     def covers(other: str) -> bool:
         return other == key or key.startswith(other + ".") or other.startswith(key + ".")
