@@ -22,9 +22,8 @@ from gmeta_tf.data import synthetic
 from gmeta_tf.data.converters.csv_mapping import recorded_mapping
 from gmeta_tf.data.converters.csv_mapping import source_record as csv_source_record
 from gmeta_tf.data.converters.pipeline import DEFAULT_MIN_BLOCKS
-from gmeta_tf.data.manifest import verify_file
 from gmeta_tf.data.errors import DataError
-from gmeta_tf.data.manifest import MANIFEST_NAME
+from gmeta_tf.data.manifest import MANIFEST_NAME, verify_file
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +63,6 @@ def csv_mapping(config: PipelineConfig) -> meta_io.CsvMapping:
                               f"every row is its own task of one row (a plain CTR model's "
                               f"rows)")
     return mapping
-
-
-def _damage(path: str, manifest: meta_io.Manifest) -> DataError | None:
-    """What is wrong with a dataset's files (missing or resized: the cheap checks every
-    read makes; ``gmeta data info`` reads every byte), or None."""
-    for entry in manifest.files:
-        try:
-            verify_file(path, entry, checksum=False)
-        except DataError as err:
-            return err
-    return None
 
 
 def _mismatch(config: PipelineConfig, manifest: meta_io.Manifest, world_size: int) -> str | None:
@@ -176,10 +164,11 @@ def prepare_dataset(config: PipelineConfig, overwrite: bool = False,
     if dataset_exists(d.path) and not overwrite:
         manifest = meta_io.Manifest.load(d.path)
         reason = _mismatch(config, manifest, world_size)
-        damage = _damage(d.path, manifest) if reason is None else None
-        if damage is not None:  # said, with how to make it again, not remade unasked
-            raise damage
         if reason is None:
+            # a missing or resized file (the cheap checks every read makes; gmeta data info
+            # reads every byte) is said, with how to make it again, not remade unasked
+            for entry in manifest.files:
+                verify_file(d.path, entry, checksum=False)
             log.info("dataset %s exists: using it", d.path)
             return manifest
         if d.source == "dataset":

@@ -225,10 +225,20 @@ def _clip(kind: str, p: np.ndarray) -> np.ndarray:
     return np.clip(p, _EPS, 1.0 - _EPS) if kind == "binary" else p
 
 
+def vocabulary_of(data: ReferenceData, rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The rows' ids of each sparse feature of the linear model, sorted (as
+    ``LinearModel.vocabulary``, the training rows', outside which an id weighs nothing)."""
+    out = {}
+    for name in data.sparse:
+        x = np.asarray(rows[name]).astype(np.int64).reshape(-1)
+        out[name] = np.unique(x[x >= 0])
+    return out
+
+
 class LinearModel:
     """Logistic regression on hashed one-hot sparse ids and dense inputs (NumPy, Adagrad).
 
-    An id the training rows never had weighs nothing (``learn_vocabulary``), as in the
+    An id the training rows never had weighs nothing (``vocabulary``), as in the
     model's own linear term (an unknown id reads the table's default row, 0), instead of
     the weight of whichever training id shares its hashed column: so a plain model started
     from this one (``linear_start``) scores every row as it does."""
@@ -242,14 +252,6 @@ class LinearModel:
         self.v: np.ndarray | None = None   # dense weights, sized at the first batch
         self.b, self.b_acc = 0.0, 1e-8
         self.rng = np.random.default_rng(seed)
-
-    def learn_vocabulary(self, rows: Mapping[str, np.ndarray]) -> None:
-        """Records the training rows' ids of each sparse feature: any other id weighs
-        nothing."""
-        self.vocabulary = {}
-        for name in self.data.sparse:
-            x = np.asarray(rows[name]).astype(np.int64).reshape(-1)
-            self.vocabulary[name] = np.unique(x[x >= 0])
 
     def _features(self, rows: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
                                                                  np.ndarray]:
@@ -343,9 +345,10 @@ def fit_linear(data: ReferenceData, train: Mapping[str, np.ndarray],
     labels = np.asarray(train[data.label], np.float64)
     valid_labels = np.asarray(valid[data.label], np.float64)
     best: tuple[float, LinearModel | None, dict] = (np.inf, None, {})
+    vocabulary = vocabulary_of(data, train)  # the same for every penalty
     for l2 in L2_PENALTIES:
         model = LinearModel(data, l2=l2, seed=seed)
-        model.learn_vocabulary(train)
+        model.vocabulary = vocabulary
         features, valid_features = model._features(train), model._features(valid)
         best_here, stale = np.inf, 0
         for epoch in range(1, max_epochs + 1):

@@ -290,6 +290,7 @@ class _Record:
 
     def __init__(self, path: Path, study: dict, resume: bool, trials: int) -> None:
         self.path, self.trials, self.rechecks, self.count = path, [], [], 0
+        self.asked = trials
         if not path.is_file():
             return
         if not resume:
@@ -339,8 +340,8 @@ class _Record:
                 f"the search space changed): start the study anew without --resume")
         return recorded
 
-    def recheck(self, index: int, settings: dict, trials: int) -> TrialResult | None:
-        if self.count != trials or index >= len(self.rechecks):
+    def recheck(self, index: int, settings: dict) -> TrialResult | None:
+        if self.count != self.asked or index >= len(self.rechecks):
             return None  # re-checks follow from every trial: only the same study's count
         recorded = self.rechecks[index]
         return recorded if _plain(recorded.settings) == _plain(settings) else None
@@ -446,8 +447,7 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         ranked[name] = [t.number for t in sorted(done, key=lambda t: t.value,
                                                  reverse=maximize)]
     rechecked = _recheck(config_arg, overrides, config, root, results, ranked, rechecks,
-                         np_, patience, write, lambda i, settings: record.recheck(
-                             i, settings, trials))
+                         np_, patience, write, record.recheck)
     chosen = {}
     for name in studies:
         runs = {n: [results[n].values[name], *rechecked.get((name, n), [])]

@@ -91,12 +91,10 @@ class _LineNumbers:
             # an odd number of quotes: one opened and never closed (a quoted field over
             # several lines with its quotes closed is a row of the wrong width, as any)
             if spanned and not self.dialect.several and text.count('"') % 2:
-                raise DataError(
-                    f"line {line}: a quote that is never closed: the field it opens runs "
-                    f"over the next {spanned} lines, read as one malformed row of {found} "
-                    f"columns (expected {len(self.names)}); close or remove the quote",
-                    file=self.path,
-                    value=self.dialect.as_written(text.partition("\n")[0])[:200])
+                raise _unclosed_quote(
+                    self.path, self.dialect, line, text,
+                    f"read as one malformed row of {found} columns, {len(self.names)} "
+                    f"expected")
         if self.pending and policy == "error":
             line, found, text = self.pending[0]
             raise DataError(f"line {line}: malformed line with {found} columns, expected "
@@ -397,12 +395,19 @@ def _refuse_values_over_lines(batch: pa.RecordBatch, line_numbers: np.ndarray, p
         if not pc.any(broken).as_py():
             continue
         i = int(np.flatnonzero(broken.to_numpy(zero_copy_only=False))[0])
-        text = column[i].as_py()
-        spanned = text.rstrip("\r\n").replace("\r\n", "\n").count("\n")
-        raise DataError(f"line {line_numbers[i]}: a quote that is never closed: the field "
-                        f"it opens runs over the next {spanned} lines (a value of a mapped "
-                        f"column never spans lines); close or remove the quote", file=path,
-                        column=name, value=dialect.as_written(text.splitlines()[0])[:200])
+        raise _unclosed_quote(path, dialect, int(line_numbers[i]), column[i].as_py(),
+                              "a value of a mapped column never spans lines", column=name)
+
+
+def _unclosed_quote(path: str, dialect: CsvDialect, line: int, text: str, why: str,
+                    column: str | None = None) -> DataError:
+    """The error of a quote opened on ``line`` and never closed, whose field ``text``
+    swallowed the lines after it."""
+    spanned = text.rstrip("\r\n").replace("\r\n", "\n").count("\n")
+    return DataError(f"line {line}: a quote that is never closed: the field it opens runs "
+                     f"over the next {spanned} lines ({why}); close or remove the quote",
+                     file=path, column=column,
+                     value=dialect.as_written(text.splitlines()[0])[:200])
 
 
 def _open_csv(path: str, dialect: CsvDialect, **options) -> pacsv.CSVStreamingReader:
