@@ -350,8 +350,8 @@ def test_lines_inside_a_quoted_value_of_an_unread_column_are_counted_and_warned(
         tmp_path, caplog):
     """A quote opened in a column the mapping does not read, closed three lines later,
     makes those lines one row (legitimate in a free-text column, a loss of rows when the
-    quote was a slip): the file's lines are counted against the rows read and the
-    difference is warned, naming the file."""
+    quote was a slip): the rows that span lines are warned, naming the file, the line
+    the longest starts on and how many it spans."""
     lines = ["user_id,item_id,label,note"] + [f"{g},x" for g in GOOD]
     lines[51] = lines[51][:-1] + '"oops'
     lines[54] = lines[54][:-1] + 'z"'
@@ -359,14 +359,40 @@ def test_lines_inside_a_quoted_value_of_an_unread_column_are_counted_and_warned(
     src.write_text("\n".join(lines) + "\n")
     with caplog.at_level("WARNING"):
         m = data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
-    assert f"{src}: {len(lines)} lines hold {len(lines) - 3} rows" in caplog.text
+    assert (f"{src}: {len(lines)} lines hold {len(lines) - 3} rows (header and malformed "
+            f"lines included): 1 rows span several lines, the longest 4 lines from line 52 "
+            f"on") in caplog.text
+    assert "records read" not in caplog.text  # the two parsers counted the same records
     assert sum(f.rows for f in m.files) == len(GOOD) - 3
     caplog.clear()
     clean = tmp_path / "clean.csv"
-    clean.write_text("\r\n".join(["user_id,item_id,label,note"] + [f"{g},x" for g in GOOD]))
+    clean.write_text("\r\n".join(["user_id,item_id,label,note"]
+                                  + [f'{g},"a, b"' for g in GOOD]))
     with caplog.at_level("WARNING"):
         data.convert_csv(str(clean), str(tmp_path / "clean_out"), MAPPING, split=SPLIT)
-    assert "lines hold" not in caplog.text
+    assert "lines hold" not in caplog.text and "records read" not in caplog.text
+
+
+NOTE = ["user_id,item_id,label,note"] + [f'{g},"line one\nline two"' if n % 7 == 0 else
+                                         f"{g},plain" for n, g in enumerate(GOOD)]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("4,99,x,plain", "column 'label': line {line}: not a number"),
+    ("4,99,7,plain", "column 'label': task '4': line {line}: label out of range"),
+    ("4,99", "line {line}: malformed line with 2 columns, expected 4")])
+def test_errors_after_values_over_several_lines_name_the_files_own_line(tmp_path, bad,
+                                                                         message):
+    """A free-text column whose quoted values hold line breaks puts every later row
+    further down the file than its count: an error names the line an editor shows."""
+    at = 80
+    rows = NOTE[:at] + [bad] + NOTE[at:]
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(rows) + "\n")
+    line = 1 + "\n".join(rows[:at]).count("\n") + 1
+    assert src.read_text().splitlines()[line - 1] == bad
+    with pytest.raises(data.DataError, match=f"{src}: " + message.format(line=line)):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
 
 
 @pytest.mark.parametrize("multi_hot", ["genres", [3], {3: 2}])

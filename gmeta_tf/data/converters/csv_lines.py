@@ -58,19 +58,24 @@ class CsvCounts:
 class _LineNumbers:
     """Physical line numbers (1-based) of the rows a pyarrow CSV reader yields.
 
-    Lines pyarrow rejects (wrong column count) are recorded by its invalid-row handler, in
-    file order (the reader runs on one thread); every other line is a row.
+    pyarrow numbers records (a header, a row, a line it rejects); lines it rejects (wrong
+    column count) are recorded by its invalid-row handler, in file order (the reader runs
+    on one thread), and every other record is a row. A record's line is where it starts in
+    the file (``RecordLines``: after a quoted value holding line breaks, further down than
+    its count).
     """
 
     def __init__(self, path: str, names: list[str], header_lines: int,
-                 dialect: "CsvDialect") -> None:
+                 dialect: "CsvDialect", record_lines: "RecordLines") -> None:
         self.path, self.names, self.first, self.dialect = path, names, header_lines + 1, dialect
-        self.rejected: list[int] = []
+        self.record_lines = record_lines
+        self.rejected: list[int] = []  # record numbers
         self.pending: list[tuple[int, int, str]] = []  # (line, columns found, text)
 
     def handler(self, row) -> str:
         self.rejected.append(int(row.number))
-        self.pending.append((int(row.number), int(row.actual_columns), row.text or ""))
+        line = int(self.record_lines(np.array([int(row.number)]))[0])
+        self.pending.append((line, int(row.actual_columns), row.text or ""))
         return "skip"
 
     def of(self, first_row: int, n: int) -> np.ndarray:
@@ -78,7 +83,7 @@ class _LineNumbers:
         k = first_row + np.arange(n, dtype=np.int64)
         rejected = np.asarray(self.rejected, np.int64)
         rows_before = rejected - self.first - np.arange(len(rejected))
-        return k + self.first + np.searchsorted(rows_before, k, side="right")
+        return self.record_lines(k + self.first + np.searchsorted(rows_before, k, side="right"))
 
     def take_malformed(self, policy: str, counts: CsvCounts) -> None:
         """Raises for (policy "error") or counts (policy "skip") the lines just rejected.
@@ -103,6 +108,88 @@ class _LineNumbers:
                             value=self.dialect.as_written(text)[:200])
         counts.lines_skipped_malformed += len(self.pending)
         self.pending.clear()
+
+
+class RecordLines:
+    """The physical line each record of a CSV file starts on, by its number (1-based, the
+    header line included).
+
+    A record is one line unless a quoted value in it holds line breaks, as a free-text
+    column's may; the records after such a value start further down than their count.
+    Python's csv reader, which splits records as pyarrow does, finds them in one pass over
+    a file that holds a quote character (about 100 MB/s). A file without one, or read with
+    a delimiter of several characters (which has no quoting), has one line a record and is
+    not read for this.
+    """
+
+    def __init__(self, spanning: list[int] | None = None, extra: list[int] | None = None,
+                 records: int | None = None) -> None:
+        #: The records over several lines, in file order, and the lines each spans beyond
+        #: its first.
+        self.spanning = np.asarray(spanning or [], np.int64)
+        self.extra = np.asarray(extra or [], np.int64)
+        self._before = np.concatenate([[0], np.cumsum(self.extra)]).astype(np.int64)
+        #: The records the pass counted (None: the file was not read for this).
+        self.records = records
+
+    def __call__(self, records: np.ndarray) -> np.ndarray:
+        if not self.spanning.size:
+            return records
+        return records + self._before[np.searchsorted(self.spanning, records, side="left")]
+
+    @classmethod
+    def of_file(cls, path: str, dialect: "CsvDialect",
+                chunk_bytes: int = 1 << 22) -> "RecordLines":
+        if dialect.several or not _holds_byte(path, b'"', chunk_bytes):
+            return cls()
+        spanning, extra = [], []
+        limit = csv.field_size_limit()
+        csv.field_size_limit(1 << 30)  # a free-text value may be long; the default is 128 KiB
+        record = previous = 0
+        try:
+            with open(path, newline="", encoding=dialect.encoding, errors="replace") as f:
+                reader = csv.reader(f, delimiter=dialect.delimiter)
+                for record, _ in enumerate(reader, start=1):
+                    if reader.line_num - previous > 1:
+                        spanning.append(record)
+                        extra.append(reader.line_num - previous - 1)
+                    previous = reader.line_num
+        except csv.Error as e:
+            log.warning("%s: line numbers count rows from line %d on, where lines inside "
+                        "quoted values are not known (%s)", path, previous + 1, e)
+            return cls(spanning, extra)
+        finally:
+            csv.field_size_limit(limit)
+        return cls(spanning, extra, record)
+
+    def warn_if_spanning(self, path: str, read: int) -> None:
+        """Warns when rows span several lines: a free-text column's values may, but a quote
+        never closed in a column the mapping does not read swallows the lines after it,
+        whose rows are then lost (a mapped column's value never spans lines:
+        ``_refuse_values_over_lines``). ``read``: the records pyarrow read (header, rows,
+        rejected lines), which the pass must have counted too for its line numbers to be
+        the file's."""
+        if self.records is not None and self.records != read:
+            log.warning("%s: %d records read, %d counted when finding the rows that span "
+                        "lines: line numbers in messages may be off", path, read, self.records)
+        if not self.spanning.size:
+            return
+        longest = int(np.argmax(self.extra))
+        log.warning("%s: %d lines hold %d rows (header and malformed lines included): %d "
+                    "rows span several lines, the longest %d lines from line %d on; a "
+                    "free-text column's quoted values may hold line breaks, but a quote "
+                    "never closed in a column the mapping does not read swallows the lines "
+                    "after it, whose rows are then lost", path, read + int(self.extra.sum()),
+                    read, self.spanning.size, int(self.extra[longest]) + 1,
+                    int(self(self.spanning[longest:longest + 1])[0]))
+
+
+def _holds_byte(path: str, byte: bytes, chunk_bytes: int) -> bool:
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            if byte in chunk:
+                return True
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +417,8 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
     """
     all_names = file_columns(path, dialect, header, names)
     check_columns(path, columns, all_names, "mapped column", missing_hint)
-    lines = _LineNumbers(path, all_names, 1 if header else 0, dialect)
+    record_lines = RecordLines.of_file(path, dialect)
+    lines = _LineNumbers(path, all_names, 1 if header else 0, dialect, record_lines)
     read = pacsv.ReadOptions(block_size=block_bytes, use_threads=False,
                              column_names=all_names if names else None,
                              skip_rows=1 if header and names else 0, encoding=dialect.encoding)
@@ -352,35 +440,7 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
         lines.take_malformed(policy, counts)
         yield batch, line_numbers
     lines.take_malformed(policy, counts)
-    _warn_rows_over_lines(path, dialect, (1 if header else 0) + rows + len(lines.rejected))
-
-
-def _warn_rows_over_lines(path: str, dialect: CsvDialect, read: int,
-                          chunk_bytes: int = 1 << 22) -> None:
-    """Warns when the file has more lines than the rows (header, data, rejected) read from
-    it: quoted values span lines, as a free-text column's may, or a quote in a column the
-    mapping does not read was never closed and its field swallowed the lines after it
-    (a mapped column's value never spans lines: ``_refuse_values_over_lines``). Lines are
-    counted for an encoding whose line break is the byte ``\n`` alone."""
-    if "\n".encode(dialect.encoding) != b"\n" or "\r".encode(dialect.encoding) != b"\r":
-        return
-    newlines = lone_returns = 0
-    last = b""
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            newlines += chunk.count(b"\n")
-            lone_returns += chunk.count(b"\r") - chunk.count(b"\r\n")
-            last = chunk[-1:]
-    if lone_returns > 0:  # line breaks of \r alone: counted otherwise by the parser
-        return
-    physical = newlines + (1 if last not in (b"", b"\n") else 0)
-    if physical > read:
-        log.warning("%s: %d lines hold %d rows (header and malformed lines included): %d "
-                    "lines are inside quoted values that span lines, as a free-text "
-                    "column's may, or inside the field of a quote that was never closed in "
-                    "a column the mapping does not read, whose rows are then lost; line "
-                    "numbers in messages after the first such value are off by up to %d",
-                    path, physical, read, physical - read, physical - read)
+    record_lines.warn_if_spanning(path, (1 if header else 0) + rows + len(lines.rejected))
 
 
 def _refuse_values_over_lines(batch: pa.RecordBatch, line_numbers: np.ndarray, path: str,
