@@ -131,6 +131,9 @@ class RecordLines:
         self._before = np.concatenate([[0], np.cumsum(self.extra)]).astype(np.int64)
         #: The records the pass counted (None: the file was not read for this).
         self.records = records
+        #: A quote never closed: the line of its row, the field it opens (0-based) and the
+        #: row as read (its field running to the end of the file).
+        self.unclosed: tuple[int, int, str] | None = None
 
     def __call__(self, records: np.ndarray) -> np.ndarray:
         if not self.spanning.size:
@@ -144,44 +147,79 @@ class RecordLines:
             return cls()
         spanning, extra = [], []
         limit = csv.field_size_limit()
-        csv.field_size_limit(1 << 30)  # a free-text value may be long; the default is 128 KiB
+        # a free-text value may be long (the default limit is 128 KiB); a quote never closed
+        # makes one field of the rest of the file, refused at this size, not held whole
+        csv.field_size_limit(_FIELD_CHARACTERS)
+        # pyarrow drops a UTF-8 byte-order mark: so must the reader, or a quote opening the
+        # first field would read as text
+        encoding = "utf-8-sig" if codecs.lookup(dialect.encoding).name == "utf-8" else (
+            dialect.encoding)
         record = previous = 0
         try:
-            with open(path, newline="", encoding=dialect.encoding, errors="replace") as f:
+            with open(path, newline="", encoding=encoding, errors="replace") as f:
                 reader = csv.reader(f, delimiter=dialect.delimiter)
-                for record, _ in enumerate(reader, start=1):
+                fields: list[str] = []
+                for record, fields in enumerate(reader, start=1):  # noqa: B007 (the last is read)
                     if reader.line_num - previous > 1:
                         spanning.append(record)
                         extra.append(reader.line_num - previous - 1)
                     previous = reader.line_num
         except csv.Error as e:
+            if "field limit" in str(e):  # a quote never closed, or a value of 16 Mi characters
+                raise DataError(f"line {previous + 1}: a quoted value runs over more than "
+                                f"{_FIELD_CHARACTERS:,} characters: a quote that is never "
+                                f"closed swallows the lines after it; close or remove the "
+                                f"quote", file=path) from e
             log.warning("%s: line numbers count rows from line %d on, where lines inside "
                         "quoted values are not known (%s)", path, previous + 1, e)
             return cls(spanning, extra)
         finally:
             csv.field_size_limit(limit)
-        return cls(spanning, extra, record)
+        out = cls(spanning, extra, record)
+        # the last row's last field ran to the end of the file, line break and all: its
+        # quote was never closed (a closed one ends before the line break that follows it)
+        if spanning and spanning[-1] == record and fields and fields[-1].endswith(("\n", "\r")):
+            out.unclosed = (int(out(np.array([record]))[0]), len(fields) - 1,
+                            dialect.delimiter.join(fields))
+        return out
+
+    def refuse_unclosed(self, path: str, names: list[str], dialect: "CsvDialect") -> None:
+        """Refuses, before the file is parsed, a quote never closed: its field swallows
+        every line after it, whose rows would be lost (read as one row of the right width
+        when in a column the mapping does not read), and pyarrow, whose parse blocks a row
+        must fit in, cannot read a file's tail as one value. Names the column when the
+        row has every column."""
+        if self.unclosed is None:
+            return
+        line, field, text = self.unclosed
+        raise _unclosed_quote(path, dialect, line, text, "to the end of the file",
+                              column=names[field] if field + 1 == len(names) else None)
 
     def warn_if_spanning(self, path: str, read: int) -> None:
-        """Warns when rows span several lines: a free-text column's values may, but a quote
-        never closed in a column the mapping does not read swallows the lines after it,
-        whose rows are then lost (a mapped column's value never spans lines:
-        ``_refuse_values_over_lines``). ``read``: the records pyarrow read (header, rows,
-        rejected lines), which the pass must have counted too for its line numbers to be
-        the file's."""
+        """Warns when rows span several lines: a free-text column's values may, but a stray
+        quote closed by a later one swallows the lines between, whose rows are then lost.
+        ``read``: the records pyarrow read (header, rows, rejected lines), which the pass
+        must have counted too for its line numbers to be the file's."""
         if self.records is not None and self.records != read:
             log.warning("%s: %d records read, %d counted when finding the rows that span "
                         "lines: line numbers in messages may be off", path, read, self.records)
         if not self.spanning.size:
             return
         longest = int(np.argmax(self.extra))
+        n = int(self.spanning.size)
         log.warning("%s: %d lines hold %d rows (header and malformed lines included): %d "
-                    "rows span several lines, the longest %d lines from line %d on; a "
+                    "%s several lines, the longest %d lines from line %d on; a "
                     "free-text column's quoted values may hold line breaks, but a quote "
                     "never closed in a column the mapping does not read swallows the lines "
                     "after it, whose rows are then lost", path, read + int(self.extra.sum()),
-                    read, self.spanning.size, int(self.extra[longest]) + 1,
+                    read, n, "row spans" if n == 1 else "rows span",
+                    int(self.extra[longest]) + 1,
                     int(self(self.spanning[longest:longest + 1])[0]))
+
+
+#: The longest value, in characters, ``RecordLines`` reads (16 Mi: 64 MiB in Python's csv
+#: reader's buffer); past it the line numbers count rows from there on (warned).
+_FIELD_CHARACTERS = 1 << 24
 
 
 def _holds_byte(path: str, byte: bytes, chunk_bytes: int) -> bool:
@@ -256,8 +294,10 @@ class CsvDialect:
         if self.several:
             return pacsv.ParseOptions(delimiter=_UNIT_SEPARATOR.decode(), quote_char=False,
                                       ignore_empty_lines=False, invalid_row_handler=handler)
+        # a quoted value may hold line breaks (a free-text column's): without
+        # newlines_in_values one that crosses a parse block stops the reader
         return pacsv.ParseOptions(delimiter=self.delimiter, ignore_empty_lines=False,
-                                  invalid_row_handler=handler)
+                                  newlines_in_values=True, invalid_row_handler=handler)
 
 
 class _DelimiterStream(io.RawIOBase):
@@ -418,6 +458,7 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
     all_names = file_columns(path, dialect, header, names)
     check_columns(path, columns, all_names, "mapped column", missing_hint)
     record_lines = RecordLines.of_file(path, dialect)
+    record_lines.refuse_unclosed(path, all_names, dialect)
     lines = _LineNumbers(path, all_names, 1 if header else 0, dialect, record_lines)
     read = pacsv.ReadOptions(block_size=block_bytes, use_threads=False,
                              column_names=all_names if names else None,
