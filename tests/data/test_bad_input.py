@@ -431,6 +431,24 @@ def test_values_over_several_lines_are_read_across_parse_blocks(tmp_path, block_
                          block_bytes=block_bytes)
 
 
+def test_a_quoted_value_longer_than_the_pass_reads_is_refused_as_a_quote_never_closed(
+        tmp_path, monkeypatch):
+    """The pass that finds values over several lines holds a value of up to
+    ``_FIELD_CHARACTERS``; a longer one (a quote never closed in a large file) is refused
+    naming the line it starts on, not held whole in memory."""
+    from gmeta_tf.data.converters import csv_lines
+    monkeypatch.setattr(csv_lines, "_FIELD_CHARACTERS", 300)
+    rows = [f"{g},plain" for g in GOOD]
+    rows[40] = rows[40].replace(",plain", ',"plain')
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(["user_id,item_id,label,note"] + rows) + "\n")
+    with pytest.raises(data.DataError, match=f"{src}: line 42: a quoted value runs over more "
+                                             f"than 300 characters: a quote that is never "
+                                             f"closed"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_byte_order_mark_before_a_quoted_first_field_keeps_the_line_numbers(tmp_path):
     """pyarrow drops a UTF-8 byte-order mark; the pass that finds values over several
     lines drops it too, so a file whose first field is quoted counts its lines right."""
