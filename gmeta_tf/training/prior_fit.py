@@ -81,14 +81,16 @@ def _shard_rows(config: PipelineConfig, split: str, names: list[str],
 def held_out_protocol(config: PipelineConfig) -> HeldOutProtocol:
     """The validation tasks' protocol, for the training tasks the factorisation holds out
     to choose its settings on (``references.HeldOutProtocol``): the dataset's split (its
-    query rows a task, the fewest and most rows of a scored task, its seed). Every other
-    row is a held-out task's support row, as a validation or cold task is adapted on all
-    of its support rows (``evaluation.task_batches``: scored batches have no support cap;
-    ``data.support`` bounds training batches only)."""
+    query rows a task, the fewest and most rows of a scored task, its seed). A validation
+    or cold task is scored on every one of its stored query rows and adapted on every one
+    of its support rows (``evaluation.task_batches``: scored batches have neither cap;
+    ``data.query`` and ``data.support`` bound training batches only), so a held-out task
+    is scored on the split's ``query_size`` rows (``data.query`` for a dataset that does
+    not record it) and folded in from all the others."""
     recorded = meta_io.Manifest.load(config.data.path).split or {}
-    d = config.data
-    query = min(q for q in (recorded.get("query_size"), d.query, 1 << 30) if q is not None)
-    return HeldOutProtocol(query=int(query), support=1 << 30,
+    stored = recorded.get("query_size")
+    query = int(stored if stored is not None else config.data.query or 0)
+    return HeldOutProtocol(query=query, support=1 << 30,
                            min_rows=int(recorded.get("min_rows") or query + 1),
                            max_rows=recorded.get("max_rows"), seed=int(recorded.get("seed", 0)),
                            last=recorded.get("query_selection") == "last")

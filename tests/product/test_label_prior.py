@@ -15,6 +15,7 @@ from gmeta_tf.config import ConfigError, from_dict, load_config
 from gmeta_tf.data.schema import Feature, FeatureKind, Schema
 from gmeta_tf.meta import metrics
 from gmeta_tf.models.label_prior import PRIOR_INPUT
+from gmeta_tf.training.evaluation import task_batches
 from gmeta_tf.training import Trainer
 from gmeta_tf.training.cold_start import restore_models
 from gmeta_tf.training.model_builder import _check_features
@@ -154,11 +155,15 @@ def test_a_prior_beside_a_dense_feature_of_its_input_name_is_refused():
         _check_features(from_dict(raw).model, schema)
 
 
-def test_held_out_tasks_of_a_latest_rows_protocol_are_scored_on_their_latest_rows(tmp_path):
+@pytest.mark.parametrize("training_query", [4, 2])
+def test_held_out_tasks_of_a_latest_rows_protocol_are_scored_on_their_latest_rows(
+        tmp_path, training_query):
     """With ``query_selection: last`` the training tasks held out to choose the
     factorisation's settings are scored on their latest rows, the rows the protocol made
     their query rows, as validation and cold tasks are: read back as the references read
-    the training split, in whatever order the log held them."""
+    the training split, in whatever order the log held them. Scored tasks keep every
+    stored query row whatever ``data.query`` (which caps training batches only), and so
+    do the held-out ones."""
     from gmeta_tf.training.prior_fit import _shard_rows, held_out_protocol
 
     rng = np.random.default_rng(3)
@@ -171,12 +176,23 @@ def test_held_out_tasks_of_a_latest_rows_protocol_are_scored_on_their_latest_row
     out = tmp_path / "ds"
     meta_io.convert_csv(str(tmp_path / "log.csv"), str(out),
                         {"task": "u", "label": "y", "sparse": ["i"], "order_by": "ts"},
-                        split=meta_io.SplitConfig(warm_fraction=1.0, valid_fraction=0.0,
+                        split=meta_io.SplitConfig(warm_fraction=1.0, valid_fraction=0.3,
                                                   query_size=4, min_rows=8,
                                                   query_selection="last"))
-    config = load_config("default", tiny_overrides(tmp_path / "run", out) + ["data.query=4"])
+    config = load_config("default", tiny_overrides(tmp_path / "run", out)
+                         + [f"data.query={training_query}"])
     protocol = held_out_protocol(config)
     assert protocol.last and protocol.query == 4
+    valid = meta_io.TaskDataset(str(out), "valid", rank=0, size=1)
+    scored = 0
+    for batch in task_batches(config, "valid", equal_steps=False):  # as validation reads
+        for ids, mask in zip(np.asarray(batch["query"]["i"]), np.asarray(batch["query"]["mask"])):
+            got = np.sort(ids[mask > 0].reshape(-1))
+            u = int(got[0]) // 1000
+            mine = np.sort([int(x.split(",")[1]) for x in lines[1:] if int(x.split(",")[0]) == u])
+            np.testing.assert_array_equal(got, mine[-4:])
+            scored += 1
+    assert scored == valid.num_tasks > 0
     rows = _shard_rows(config, "warm", ["i", "label"], query_only=False)
     tasks, items = np.asarray(rows["task_id"]), np.asarray(rows["i"])
     folds = protocol.folds_of(tasks, items, np.asarray(rows["label"], np.float64))
@@ -188,7 +204,7 @@ def test_held_out_tasks_of_a_latest_rows_protocol_are_scored_on_their_latest_row
             np.testing.assert_array_equal(np.sort(task.support[slot][task.mask[slot] > 0]),
                                           mine[:-4])
             held += 1
-    assert held == 40
+    assert held + scored == 40
 
 
 def test_held_out_tasks_are_folded_in_from_all_their_support_rows(tiny_data, tmp_path):
