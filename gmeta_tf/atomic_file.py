@@ -1,12 +1,25 @@
 """Writes that must survive a crash: the new file is written beside its destination,
 fsynced and renamed over it (then its directory fsynced), so a reader finds the old file or
-the new one, never a part of one. No TensorFlow here: the config and tuning code use it."""
+the new one, never a part of one. No TensorFlow here: the config and tuning code use it.
+
+A directory (a dataset, a SavedModel) is staged the same way (``staging_dir``,
+``replace_dir``): written under a hidden name beside its destination that holds the
+writing process's id and host, then renamed into place, what it replaces set aside until
+then. The next write into the same place clears what a killed one left (``tidy_staging``)
+and puts back what it had set aside.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import socket
+import tempfile
 from pathlib import Path
 from typing import Callable
+
+log = logging.getLogger(__name__)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -47,3 +60,88 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     """``write_atomically`` of a text file."""
     write_atomically(path, lambda tmp: tmp.write_text(text))
+
+
+def _staging_prefix(target: str) -> str:
+    return f".{os.path.basename(target)}.tmp-"
+
+
+def staging_dir(target: str | os.PathLike) -> str:
+    """A new, empty hidden directory beside ``target`` (``.<name>.tmp-<pid>@<host>.<random>``)
+    to write it in before ``replace_dir``; the parent is made if needed."""
+    target = os.path.abspath(target)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(
+        prefix=f"{_staging_prefix(target)}{os.getpid()}@{socket.gethostname()}.", dir=parent)
+
+
+def replace_dir(staging: str | os.PathLike, target: str | os.PathLike,
+                check: Callable[[str], None] | None = None) -> None:
+    """Moves a complete, fsynced ``staging`` directory (``staging_dir``) to ``target``. A
+    directory already there is first ``check``ed (that it may be replaced), set aside as
+    ``<staging>.old``, and removed only once the new one is in its place; if the move
+    fails it is put back. A kill between the two renames leaves it set aside, for the
+    next ``tidy_staging`` to put back."""
+    staging, target = os.fspath(staging), os.fspath(target)
+    old = None
+    if os.path.lexists(target):
+        if check is not None:
+            check(target)
+        old = staging + ".old"
+        os.replace(target, old)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(target)))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
+    """Clears what ``what`` (e.g. "an export") into ``target`` killed on this host left beside it: its
+    staging directory, removed, and the directory it had set aside to replace (the same
+    name ending ``.old``), put back when nothing took its place (the kill came between
+    ``replace_dir``'s two renames: the write never finished, so the target is as it was
+    before it) or removed when the new one is in place. A directory whose process still
+    runs, or that another host made, is left."""
+    target = os.path.abspath(target)
+    parent, prefix = os.path.dirname(target), _staging_prefix(target)
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in sorted(names, key=lambda n: not n.endswith(".old")):  # put back first
+        owner = name[len(prefix):].removesuffix(".old")
+        pid, at, host = owner.partition("@")
+        if not (at and pid.isdigit() and host.rpartition(".")[0] == socket.gethostname()
+                and not _running(int(pid))):
+            continue
+        path = os.path.join(parent, name)
+        if name.endswith(".old") and not os.path.lexists(target):
+            try:
+                os.replace(path, target)
+            except FileNotFoundError:  # another write put it back first
+                continue
+            fsync_dir(parent)
+            log.warning("put back %s: %s killed while replacing it (process %s) had set "
+                        "it aside as %s", target, what, pid, name)
+        else:
+            log.info("removing %s, left by %s into %s that was killed (process %s)",
+                     path, what, target, pid)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -3,8 +3,8 @@
 Everything goes to a temporary directory beside the target; only ``commit`` moves it into
 place with ``os.replace``, so a converter that fails half way leaves no half-written dataset.
 The temporary directory's name holds the converting process's id and host, so that the
-next conversion into the same place removes what a killed one left (``_tidy_staging``)
-and puts back a dataset it had set aside to replace.
+next conversion into the same place removes what a killed one left and puts back a
+dataset it had set aside to replace (``atomic_file.tidy_staging``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -21,7 +19,7 @@ import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
-from gmeta_tf.atomic_file import fsync_dir, fsync_tree
+from gmeta_tf.atomic_file import fsync_tree, replace_dir, staging_dir, tidy_staging
 from gmeta_tf.data import filesystem as fs
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import FILE_FORMATS, MANIFEST_NAME, FileEntry, Manifest, sha256_of
@@ -136,7 +134,7 @@ class DatasetWriter:
         if file_format not in FILE_FORMATS:
             raise DataError("unknown file format", value=file_format, expected=f"one of {FILE_FORMATS}")
         self.out_dir = os.path.abspath(fs.local(out_dir))
-        _tidy_staging(self.out_dir)
+        tidy_staging(self.out_dir, "a conversion")
         if os.path.lexists(self.out_dir):
             if not overwrite:
                 raise DataError("output exists: a dataset there is replaced only with "
@@ -145,12 +143,8 @@ class DatasetWriter:
         self.schema, self.file_format = schema, file_format
         self.arrow_schema = schema.arrow_schema()
         self.rows_per_file, self.rows_per_block = rows_per_file, rows_per_block
-        parent = os.path.dirname(self.out_dir)
         try:
-            os.makedirs(parent, exist_ok=True)
-            self.tmp_dir = tempfile.mkdtemp(
-                prefix=f"{_staging_prefix(self.out_dir)}{os.getpid()}@{socket.gethostname()}.",
-                dir=parent)
+            self.tmp_dir = staging_dir(self.out_dir)
         except OSError as e:
             raise DataError(f"cannot write beside the output ({e.strerror or e})",
                             file=self.out_dir,
@@ -179,16 +173,12 @@ class DatasetWriter:
         manifest = Manifest(self.schema, self.file_format, files, split)
         manifest.save(self.tmp_dir)
         fsync_tree(self.tmp_dir)  # durable before the old dataset is let go
-        trash = None
-        if os.path.lexists(self.out_dir):
-            _check_replaceable(self.out_dir)  # again: it may have changed while converting
-            _log_replacement(self.out_dir, manifest)
-            trash = self.tmp_dir + ".old"
-            os.replace(self.out_dir, trash)
-        os.replace(self.tmp_dir, self.out_dir)
-        fsync_dir(os.path.dirname(self.out_dir))
-        if trash:
-            shutil.rmtree(trash, ignore_errors=True)
+
+        def check(old: str) -> None:  # again: it may have changed while converting
+            _check_replaceable(old)
+            _log_replacement(old, manifest)
+
+        replace_dir(self.tmp_dir, self.out_dir, check)
         log.info("wrote %s: %d files, %d rows, %d tasks", self.out_dir, len(files),
                  sum(f.rows for f in files), sum(f.tasks for f in files))
         return manifest
@@ -199,55 +189,6 @@ class DatasetWriter:
             if s._file is not None:
                 s._file.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
-
-
-def _staging_prefix(out_dir: str) -> str:
-    return f".{os.path.basename(out_dir)}.tmp-"
-
-
-def _tidy_staging(out_dir: str) -> None:
-    """Clears what a conversion into ``out_dir`` killed on this host left beside it: its
-    temporary directory (``.<name>.tmp-<pid>@<host>.<random>``), removed, and the dataset
-    it had set aside to replace (the same name ending ``.old``), put back when nothing
-    took its place (the kill came between commit's two renames; the conversion never
-    finished, so the dataset is as it was before it) or removed when the new one is in
-    place. A directory whose process still runs, or that another host made, is left."""
-    parent, prefix = os.path.dirname(out_dir), _staging_prefix(out_dir)
-    try:
-        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
-    except OSError:
-        return
-    for name in sorted(names, key=lambda n: not n.endswith(".old")):  # put back first
-        owner = name[len(prefix):].removesuffix(".old")
-        pid, at, host = owner.partition("@")
-        if not (at and pid.isdigit() and host.rpartition(".")[0] == socket.gethostname()
-                and not _running(int(pid))):
-            continue
-        path = os.path.join(parent, name)
-        if name.endswith(".old") and not os.path.lexists(out_dir):
-            try:
-                os.replace(path, out_dir)
-            except FileNotFoundError:  # another conversion put it back first
-                continue
-            fsync_dir(parent)
-            log.warning("put back %s: a conversion killed while replacing it (process %s) "
-                        "had set it aside as %s", out_dir, pid, name)
-        else:
-            log.info("removing %s, left by a conversion into %s that was killed (process "
-                     "%s)", path, out_dir, pid)
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _check_replaceable(out_dir: str) -> None:

@@ -34,7 +34,7 @@ from typing import Mapping
 import tensorflow as tf
 
 from gmeta_tf import data as meta_io
-from gmeta_tf.atomic_file import fsync_dir, fsync_tree
+from gmeta_tf.atomic_file import fsync_tree, replace_dir, staging_dir, tidy_staging
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.embedding import ShardedHashEmbedding
 from gmeta_tf.graph_function import graph_function
@@ -157,18 +157,20 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     """
     specs = feature_specs(model, schema)
     path = Path(path)
+    tidy_staging(path, "an export")  # what a killed export left, its set-aside put back
     if path.exists():
         _check_replaceable(path)  # before the work, and again before the swap
     module = ServingModule(model, specs, adaptation, adapt_steps)
     signatures = module.signatures()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.partial{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    # TF Serving loads any numeric directory it finds: the model is written under a hidden
+    # name and appears whole; an export already at ``path`` is set aside and removed only
+    # once the new one is in its place (``atomic_file.replace_dir``)
+    staging = Path(staging_dir(path))
     try:
         tf.saved_model.save(module, str(staging), signatures=signatures)
         info = _write_info(model, module, signatures, staging, path)
         fsync_tree(staging)  # durable before an export it replaces is let go
-        _move_into_place(staging, path)
+        replace_dir(staging, path, lambda old: _check_replaceable(Path(old)))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("exported %s with signatures %s", path, sorted(signatures))
@@ -188,25 +190,6 @@ def _write_info(model, module, signatures, staging: Path, path: Path) -> dict:
     extra.mkdir(parents=True, exist_ok=True)
     (extra / INFO_FILE).write_text(json.dumps(info, indent=1))
     return info
-
-
-def _move_into_place(staging: Path, path: Path) -> None:
-    """Renames a complete SavedModel to its version directory. TF Serving loads any
-    numeric directory it finds, so the model is written under a hidden name first and
-    appears whole; an export already at ``path`` is set aside, and removed only once the
-    new one is in its place."""
-    old = path.with_name(f".{path.name}.replaced{os.getpid()}")
-    if path.exists():
-        _check_replaceable(path)
-        os.replace(path, old)
-    try:
-        os.replace(staging, path)
-    except OSError:
-        if old.exists():
-            os.replace(old, path)
-        raise
-    fsync_dir(path.parent)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_replaceable(path: Path) -> None:

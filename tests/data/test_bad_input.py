@@ -274,14 +274,14 @@ def test_overwrite_replaces_a_dataset_or_an_empty_directory(tmp_path):
 _KILLED_CONVERSION = """
 import os, sys
 from gmeta_tf import data
-from gmeta_tf.data import writer
+from gmeta_tf import atomic_file
 renames = []
 def replace(src, dst):
     renames.append(dst)
     if len(renames) == {kill_at}:
         os._exit(9)  # killed here: no clean-up runs
     os.replace(src, dst)
-writer.os = type("os", (), {{**vars(os), "replace": staticmethod(replace)}})
+atomic_file.os = type("os", (), {{**vars(os), "replace": staticmethod(replace)}})
 src, out, overwrite = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 data.convert_csv(src, out, {mapping!r}, split=data.SplitConfig(query_size=3, min_rows=5),
                  output=data.OutputConfig(overwrite=overwrite))

@@ -248,7 +248,7 @@ def test_an_export_appears_whole_and_replaces_a_version_only_once_complete(train
     first = (version / "saved_model.pb").read_bytes()
 
     def crash(module, path, signatures=None):
-        Path(path).mkdir(parents=True)
+        Path(path).mkdir(parents=True, exist_ok=True)
         Path(path, "saved_model.pb").write_bytes(b"partial")
         raise OSError("disk full")
 
@@ -264,6 +264,37 @@ def test_an_export_appears_whole_and_replaces_a_version_only_once_complete(train
     assert info["path"] == str(version)
     recorded = json.loads((version / "assets.extra" / saved_model_export.INFO_FILE).read_text())
     assert recorded["path"] == str(version) and recorded["table_rows"] == info["table_rows"]
+
+
+def test_an_export_puts_back_what_a_killed_export_set_aside(trained, tmp_path, caplog):
+    """An export killed between its two renames leaves the version it replaces set aside
+    (``.8.tmp-PID@HOST.*.old``) and its own staged model beside it: the next export into
+    the same place puts the old one back before anything else, removes the staged one,
+    and replaces the version whole; a live export's staging directory is left alone."""
+    import socket
+    import subprocess
+
+    from gmeta_tf.serving import saved_model_export
+
+    version = tmp_path / "serving" / "8"
+    saved_model_export.export_pipeline(trained, out=str(version))
+    first = (version / "saved_model.pb").read_bytes()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process id no longer running
+    killed = version.with_name(f".8.tmp-{gone.pid}@{socket.gethostname()}.x1")
+    killed.mkdir()
+    (killed / "saved_model.pb").write_bytes(b"partial")
+    version.rename(f"{killed}.old")
+    live = version.with_name(f".8.tmp-{os.getppid()}@{socket.gethostname()}.x2")
+    live.mkdir()
+    with caplog.at_level("INFO"):
+        saved_model_export.export_pipeline(trained, out=str(version))
+    assert f"put back {version}: an export killed while replacing it (process {gone.pid})" in (
+        caplog.text)
+    assert f"removing {killed}, left by an export into {version}" in caplog.text
+    assert sorted(p.name for p in version.parent.iterdir()) == sorted(["8", live.name])
+    assert (version / "saved_model.pb").read_bytes() != b"partial"
+    assert len(first) > 0
 
 
 def test_an_export_replaces_an_export_and_nothing_else(trained, tmp_path):
