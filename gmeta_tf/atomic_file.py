@@ -72,8 +72,14 @@ def staging_dir(target: str | os.PathLike) -> str:
     target = os.path.abspath(target)
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(
+    path = tempfile.mkdtemp(
         prefix=f"{_staging_prefix(target)}{os.getpid()}@{socket.gethostname()}.", dir=parent)
+    # mkdtemp makes it 0700; renamed into place it is read by others (a model server
+    # running as another user): the mode a new directory gets under the process's umask
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+    return path
 
 
 def replace_dir(staging: str | os.PathLike, target: str | os.PathLike,

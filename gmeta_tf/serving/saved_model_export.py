@@ -158,7 +158,7 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     specs = feature_specs(model, schema)
     path = Path(path)
     tidy_staging(path, "an export")  # what a killed export left, its set-aside put back
-    if path.exists():
+    if os.path.lexists(path):  # a dangling link too: refused before the work
         _check_replaceable(path)  # before the work, and again before the swap
     module = ServingModule(model, specs, adaptation, adapt_steps)
     signatures = module.signatures()

@@ -39,3 +39,32 @@ def test_a_first_write_that_fails_leaves_no_file(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write_atomically(tmp_path / "train_summary.json", crash)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_staged_directory_replaces_its_target_whole_with_a_new_directorys_mode(tmp_path):
+    """A directory staged beside its target (``staging_dir``) is moved into place by
+    ``replace_dir``, what was there removed only after; it gets the mode a new directory
+    gets under the umask (a model server running as another user reads an export), not
+    mkdtemp's 0700; a check that refuses the old one leaves everything as it was."""
+    import os
+
+    from gmeta_tf.atomic_file import replace_dir, staging_dir
+
+    target = tmp_path / "export" / "8"
+    target.mkdir(parents=True)
+    (target / "old.pb").write_text("old")
+    staged = staging_dir(target)
+    (tmp_path / "export" / os.path.basename(staged) / "new.pb").write_text("new")
+
+    def refuse(old):
+        raise ValueError(f"not ours: {old}")
+
+    with pytest.raises(ValueError, match="not ours"):
+        replace_dir(staged, target, refuse)
+    assert (target / "old.pb").read_text() == "old" and os.path.isdir(staged)
+    replace_dir(staged, target, lambda old: None)
+    assert [p.name for p in target.iterdir()] == ["new.pb"]
+    assert [p.name for p in target.parent.iterdir()] == ["8"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask
