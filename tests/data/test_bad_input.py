@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -344,6 +345,42 @@ def test_a_closed_quote_over_two_lines_in_a_row_of_the_wrong_width_follows_the_p
                          output=data.OutputConfig(bad_rows="skip"))
     assert m.split["lines_skipped_malformed"] == 1
     assert sum(f.rows for f in m.files) == len(GOOD)  # every other row kept
+
+
+@pytest.mark.parametrize("policy", ["skip", "error"])
+def test_a_literal_quote_in_a_row_over_two_lines_is_not_called_a_quote_never_closed(
+        tmp_path, policy):
+    """An odd number of quotes in a row over two lines whose quotes are closed (one of
+    them a literal quote inside an unquoted field) is a row of the wrong width as any
+    other: the policy decides, and no message calls its quote never closed."""
+    src = write_csv(tmp_path / "in.csv", GOOD[:50] + ['4,99,"1\n0",ab"c'] + GOOD[50:])
+    convert = functools.partial(data.convert_csv, str(src), str(tmp_path / "out"), MAPPING,
+                                split=SPLIT, output=data.OutputConfig(bad_rows=policy))
+    if policy == "error":
+        with pytest.raises(data.DataError, match=rf"{src}: line 52: malformed line with 4 "
+                                                 rf"columns, expected 3"):
+            convert()
+        return
+    m = convert()
+    assert m.split["lines_skipped_malformed"] == 1
+    assert sum(f.rows for f in m.files) == len(GOOD)
+
+
+def test_a_mapped_value_between_two_stray_quotes_is_refused_as_such(tmp_path):
+    """A stray quote in a mapped column, closed by a stray quote on a later line, makes
+    one value of the lines between (an id never spans lines): refused under either policy,
+    naming the column, its line and how many lines it swallowed, and saying the quote is
+    closed later, not never."""
+    src = write_csv(tmp_path / "in.csv", GOOD[:50] + ['4,"99', '5",1'] + GOOD[50:])
+    for policy in ("skip", "error"):
+        with pytest.raises(data.DataError, match=rf"{src}: column 'item_id': line 52: a "
+                                                 rf"quote closed only by a later line's "
+                                                 rf"quote: the field it opens runs over the "
+                                                 rf"next line \(a value of a mapped column "
+                                                 rf"never spans lines\)"):
+            data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
+                             output=data.OutputConfig(bad_rows=policy))
+        assert not (tmp_path / "out").exists()
 
 
 def test_lines_inside_a_quoted_value_of_an_unread_column_are_counted_and_warned(

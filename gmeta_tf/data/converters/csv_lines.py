@@ -88,18 +88,21 @@ class _LineNumbers:
     def take_malformed(self, policy: str, counts: CsvCounts) -> None:
         """Raises for (policy "error") or counts (policy "skip") the lines just rejected.
 
-        A rejected row spanning several lines (a quote opened and never closed: the parser
-        reads the lines after it into the quoted field) raises under either policy: to
-        skip it would drop every line it swallowed while counting one."""
+        A rejected row spanning several lines with an odd number of quotes, in a file the
+        ``RecordLines`` pass did not read to its end (a quote it found never closed is
+        refused before parsing), may be a quote never closed, the parser reading the lines
+        after it into the quoted field: it raises under either policy, as to skip it would
+        drop every line it swallowed while counting one. Where the pass read the whole
+        file, its quotes are known closed (an odd count holds a literal quote inside a
+        field), and the row is a row of the wrong width as any other."""
         for line, found, text in self.pending:
             spanned = text.rstrip("\r\n").count("\n")
-            # an odd number of quotes: one opened and never closed (a quoted field over
-            # several lines with its quotes closed is a row of the wrong width, as any)
-            if spanned and not self.dialect.several and text.count('"') % 2:
-                raise _unclosed_quote(
+            if (spanned and not self.dialect.several and text.count('"') % 2
+                    and not self.record_lines.read_whole):
+                raise _quote_over_lines(
                     self.path, self.dialect, line, text,
                     f"read as one malformed row of {found} columns, {len(self.names)} "
-                    f"expected")
+                    f"expected", closed=None)
         if self.pending and policy == "error":
             line, found, text = self.pending[0]
             raise DataError(f"line {line}: malformed line with {found} columns, expected "
@@ -134,6 +137,12 @@ class RecordLines:
         #: A quote never closed: the line of its row, the field it opens (0-based) and the
         #: row as read (its field running to the end of the file).
         self.unclosed: tuple[int, int, str] | None = None
+
+    @property
+    def read_whole(self) -> bool:
+        """Whether the pass read the whole file (so every quote in it but ``unclosed`` is
+        known to be closed)."""
+        return self.records is not None
 
     def __call__(self, records: np.ndarray) -> np.ndarray:
         if not self.spanning.size:
@@ -192,8 +201,9 @@ class RecordLines:
         if self.unclosed is None:
             return
         line, field, text = self.unclosed
-        raise _unclosed_quote(path, dialect, line, text, "to the end of the file",
-                              column=names[field] if field + 1 == len(names) else None)
+        raise _quote_over_lines(path, dialect, line, text, "to the end of the file",
+                                column=names[field] if field + 1 == len(names) else None,
+                                closed=False)
 
     def warn_if_spanning(self, path: str, read: int) -> None:
         """Warns when rows span several lines: a free-text column's values may, but a stray
@@ -474,7 +484,8 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
         rows += batch.num_rows
         line_numbers = lines.of(first_row, batch.num_rows)
         batch, line_numbers = _without_blank_lines(batch, line_numbers, counts)
-        _refuse_values_over_lines(batch, line_numbers, path, dialect)
+        _refuse_values_over_lines(batch, line_numbers, path, dialect,
+                                  closed=True if record_lines.read_whole else None)
         if lines.pending and policy == "error":  # rows before the bad line go first, so
             before = line_numbers < lines.pending[0][0]  # the earliest problem is reported
             yield batch.filter(pa.array(before)), line_numbers[before]
@@ -485,29 +496,36 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
 
 
 def _refuse_values_over_lines(batch: pa.RecordBatch, line_numbers: np.ndarray, path: str,
-                              dialect: CsvDialect) -> None:
-    """Refuses, under either bad-rows policy, a mapped value holding a line break: a quote
-    opened and never closed, whose field runs over the lines after it (an id, a label or a
-    number never spans lines). Skipped as one bad row, it would drop every line it
-    swallowed while counting one."""
+                              dialect: CsvDialect, closed: bool | None) -> None:
+    """Refuses, under either bad-rows policy, a mapped value holding a line break (an id, a
+    label or a number never spans lines): a stray quote whose field runs over the lines
+    after it, up to the next quote (``closed``: True) or one never closed (None: not
+    known). Skipped as one bad row, it would drop every line it swallowed while counting
+    one."""
     for name in batch.schema.names:
         column = batch.column(name)
         broken = pc.fill_null(pc.match_substring_regex(column, "[\r\n]"), False)
         if not pc.any(broken).as_py():
             continue
         i = int(np.flatnonzero(broken.to_numpy(zero_copy_only=False))[0])
-        raise _unclosed_quote(path, dialect, int(line_numbers[i]), column[i].as_py(),
-                              "a value of a mapped column never spans lines", column=name)
+        raise _quote_over_lines(path, dialect, int(line_numbers[i]), column[i].as_py(),
+                                "a value of a mapped column never spans lines", column=name,
+                                closed=closed)
 
 
-def _unclosed_quote(path: str, dialect: CsvDialect, line: int, text: str, why: str,
-                    column: str | None = None) -> DataError:
-    """The error of a quote opened on ``line`` and never closed, whose field ``text``
-    swallowed the lines after it."""
+def _quote_over_lines(path: str, dialect: CsvDialect, line: int, text: str, why: str,
+                      column: str | None = None, closed: bool | None = False) -> DataError:
+    """The error of a quote opened on ``line`` whose field ``text`` swallowed the lines
+    after it: ``closed`` False, never closed; True, closed by a later quote (a stray quote
+    paired with the next one); None, not known which."""
     spanned = text.rstrip("\r\n").replace("\r\n", "\n").count("\n")
-    return DataError(f"line {line}: a quote that is never closed: the field it opens runs "
-                     f"over the next {spanned} lines ({why}); close or remove the quote",
-                     file=path, column=column,
+    what = {False: "a quote that is never closed: the field it opens runs",
+            True: "a quote closed only by a later line's quote: the field it opens runs",
+            None: "a quote closed by a later line's quote or never: the field it opens "
+                  "runs"}[closed]
+    lines = "line" if spanned == 1 else f"{spanned} lines"
+    return DataError(f"line {line}: {what} over the next {lines} ({why}); close "
+                     f"or remove the quote", file=path, column=column,
                      value=dialect.as_written(text.splitlines()[0])[:200])
 
 
