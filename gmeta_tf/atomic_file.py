@@ -66,14 +66,25 @@ def _staging_prefix(target: str) -> str:
     return f".{os.path.basename(target)}.tmp-"
 
 
+def process_host() -> str:
+    """Where this process's id means this process: the host name and, on Linux, the
+    process-id namespace (``~<its inode>``), as containers sharing a host name each number
+    their processes afresh."""
+    try:
+        return f"{socket.gethostname()}~{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return socket.gethostname()
+
+
 def staging_dir(target: str | os.PathLike) -> str:
-    """A new, empty hidden directory beside ``target`` (``.<name>.tmp-<pid>@<host>.<random>``)
-    to write it in before ``replace_dir``; the parent is made if needed."""
+    """A new, empty hidden directory beside ``target``
+    (``.<name>.tmp-<pid>@<process_host>.<random>``) to write it in before ``replace_dir``;
+    the parent is made if needed."""
     target = os.path.abspath(target)
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     path = tempfile.mkdtemp(
-        prefix=f"{_staging_prefix(target)}{os.getpid()}@{socket.gethostname()}.", dir=parent)
+        prefix=f"{_staging_prefix(target)}{os.getpid()}@{process_host()}.", dir=parent)
     # mkdtemp makes it 0700; renamed into place it is read by others (a model server
     # running as another user): the mode a new directory gets under the process's umask
     umask = os.umask(0o022)
@@ -113,7 +124,9 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
     name ending ``.old``), put back when nothing took its place (the kill came between
     ``replace_dir``'s two renames: the write never finished, so the target is as it was
     before it) or removed when the new one is in place. A directory whose process still
-    runs, or that another host made, is left."""
+    runs, or that another host or process-id namespace made (``process_host``), is left
+    (one named by its host alone, as written before namespaces were named, is taken as
+    this namespace's)."""
     target = os.path.abspath(target)
     parent, prefix = os.path.dirname(target), _staging_prefix(target)
     try:
@@ -123,7 +136,8 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
     for name in sorted(names, key=lambda n: not n.endswith(".old")):  # put back first
         owner = name[len(prefix):].removesuffix(".old")
         pid, at, host = owner.partition("@")
-        if not (at and pid.isdigit() and host.rpartition(".")[0] == socket.gethostname()
+        if not (at and pid.isdigit()
+                and host.rpartition(".")[0] in (process_host(), socket.gethostname())
                 and not _running(int(pid))):
             continue
         path = os.path.join(parent, name)

@@ -68,3 +68,33 @@ def test_a_staged_directory_replaces_its_target_whole_with_a_new_directorys_mode
     umask = os.umask(0o022)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_staging_left_by_a_dead_process_of_another_pid_namespace_is_left_alone(tmp_path):
+    """A staging directory names the process-id namespace its process ran in beside the
+    host name: one left by a process no longer running here is removed, one of a container
+    sharing this host name (another namespace, whose process ids are its own) is left,
+    as is one of another host; a name of the host alone (written before namespaces were
+    named) is taken as this namespace's."""
+    import os
+    import socket
+    import subprocess
+
+    from gmeta_tf.atomic_file import process_host, staging_dir, tidy_staging
+
+    target = tmp_path / "data"
+    ours = os.path.basename(staging_dir(target))
+    assert ours.startswith(f".data.tmp-{os.getpid()}@{process_host()}.")
+    if os.path.exists("/proc/self/ns/pid"):
+        assert process_host() == (f"{socket.gethostname()}~"
+                                  f"{os.stat('/proc/self/ns/pid').st_ino}")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process id no longer running in this namespace
+    here = f".data.tmp-{gone.pid}@{process_host()}.a1"
+    legacy = f".data.tmp-{gone.pid}@{socket.gethostname()}.a2"
+    container = f".data.tmp-{gone.pid}@{socket.gethostname()}~1.a3"
+    elsewhere = f".data.tmp-{gone.pid}@another-{socket.gethostname()}.a4"
+    for name in (here, legacy, container, elsewhere):
+        (tmp_path / name).mkdir()
+    tidy_staging(target, "a conversion")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ours, container, elsewhere])
