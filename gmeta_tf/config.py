@@ -212,6 +212,15 @@ class ModelConfig:
     the rows' linear column, the dense inputs' weights and the output bias, the deep part's
     last layer zeroed (``linear_start``). The model is validated before its first step, so
     on validation it moves away from the linear model only where training improves on it.
+    ``dense_scaling`` puts the dense inputs on a unit scale inside the tower, as each
+    value minus its mean over the training rows, over their standard deviation (a z-score;
+    a constant input is only shifted): ``auto`` (default) scales an input whose training
+    values reach beyond +-``DENSE_AUTO_LIMIT`` (a raw count, a price, a time stamp such as
+    an hour written 14102100) and leaves inputs already on a small scale (a logarithm of a
+    count, an age) as they are; ``standard`` scales every one; ``none`` reads them as
+    stored. The means and deviations are fitted when training starts, kept in the
+    checkpoint and the export (a server scales as training did), and the logistic
+    regression reference reads the inputs scaled the same way (``dense_scaling``).
     """
 
     tower: Literal["dlrm", "melu"] = "dlrm"
@@ -232,6 +241,7 @@ class ModelConfig:
     seed: int = 0
     members: int = field(1, min=1)
     start_from_linear: bool = False
+    dense_scaling: Literal["auto", "standard", "none"] = "auto"
 
     @property
     def table_dim(self) -> int:

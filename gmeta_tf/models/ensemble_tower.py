@@ -78,6 +78,17 @@ class EnsembleTower(Tower):
         return {member_prefix(i) + name: v
                 for i, m in enumerate(self.members) for name, v in m.params().items()}
 
+    def set_dense_scaling(self, shift, scale) -> None:
+        """Sets every member's dense inputs' shift and scale (and the ensemble's own, kept
+        alike)."""
+        super().set_dense_scaling(shift, scale)
+        for m in self.members:
+            m.set_dense_scaling(shift, scale)
+
+    def dense_scaling_variables(self) -> list[tf.Variable]:
+        return super().dense_scaling_variables() + [
+            v for m in self.members for v in m.dense_scaling_variables()]
+
     def member_features(self, index: int, features: Mapping[str, tf.Tensor]) -> dict:
         """What member ``index`` reads: its slice of every embedded row, the rest as is."""
         w = self.members[0].input_width

@@ -59,6 +59,10 @@ class Tower(tf.keras.layers.Layer):
         self.seed = int(seed)
         self.linear = bool(linear)
         self._params: dict[str, tf.Variable] = {}
+        #: The dense inputs' shift and scale (``set_dense_scaling``; not trained, not
+        #: adapted): the tower reads ``(x - shift) * scale``. Identity until set.
+        self.dense_shift: tf.Variable | None = None
+        self.dense_scale: tf.Variable | None = None
         self.prior: LabelPrior | None = None
         self.prior_blend: tf.Variable | None = None
 
@@ -79,8 +83,18 @@ class Tower(tf.keras.layers.Layer):
         """Every input the tower reads: sparse (embedded) then dense."""
         return self.sparse_features + tuple(self.dense_features)
 
+    @property
+    def dense_width(self) -> int:
+        """Width of the dense inputs concatenated."""
+        return sum(self.dense_features.values())
+
     def build(self, input_shape=None) -> None:
         if not self._params:
+            if self.dense_features:
+                self.dense_shift = self.add_weight(name="dense/shift", shape=[self.dense_width],
+                                                   initializer="zeros", trainable=False)
+                self.dense_scale = self.add_weight(name="dense/scale", shape=[self.dense_width],
+                                                   initializer="ones", trainable=False)
             self._params = self._create_weights()
             if self.prior is not None:
                 self._params[PRIOR_SCALE] = self.add_weight(name=PRIOR_SCALE, shape=[],
@@ -92,6 +106,19 @@ class Tower(tf.keras.layers.Layer):
 
     def _create_weights(self) -> dict[str, tf.Variable]:
         raise NotImplementedError
+
+    def set_dense_scaling(self, shift, scale) -> None:
+        """Sets the dense inputs' shift and scale (each ``[dense_width]``; builds if
+        needed)."""
+        if not self.built:
+            self.build(None)
+        self.dense_shift.assign(tf.constant(shift, tf.float32))
+        self.dense_scale.assign(tf.constant(scale, tf.float32))
+
+    def dense_scaling_variables(self) -> list[tf.Variable]:
+        """The variables of the dense inputs' scaling (none without dense inputs): what a
+        SavedModel of the tower must hold besides ``params``."""
+        return [v for v in (self.dense_shift, self.dense_scale) if v is not None]
 
     def params(self) -> dict[str, tf.Variable]:
         """Parameter name -> the tower's variable, in a fixed order (builds if needed)."""
@@ -164,7 +191,9 @@ class Tower(tf.keras.layers.Layer):
         for name, width in self.dense_features.items():
             x = tf.cast(features[name], tf.float32)
             parts.append(x[..., None] if width == 1 else x)
-        return tf.concat(parts, axis=-1) if parts else None
+        if not parts:
+            return None
+        return (tf.concat(parts, axis=-1) - self.dense_shift) * self.dense_scale
 
     def get_config(self) -> dict:
         config = super().get_config()

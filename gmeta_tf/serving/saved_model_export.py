@@ -87,6 +87,7 @@ class ServingModule(tf.Module):
         self.embedding = StaticEmbedding(frozen_tables(model.embedding),
                                          model.embedding.feature_configs)
         self.dense_weights = list(model.tower.params().values())
+        self.dense_scaling = model.tower.dense_scaling_variables()  # the inputs' scaling
         self.prior = model.tower.prior  # its ids and values are variables the graphs read
         self.prior_blend = model.tower.prior_blend  # the adapted scores' blend (or None)
         tower, head, embedding = model.tower, model.head, self.embedding

@@ -39,7 +39,7 @@ from gmeta_tf.meta.task_adapter import DIVERGED_LOSS_RATIO
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.prior_fit import held_out_protocol
-from gmeta_tf.training.references import ReferenceData, fit_references
+from gmeta_tf.training.references import ReferenceData, fit_references, rows_of
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,16 @@ def split_dataset(config: PipelineConfig, split: str | None, path: str | None = 
     return meta_io.TaskDataset(path or config.data.path, split, reader=config.data.reader,
                                features=features, verify="size",
                                **({"rank": 0, "size": 1} if whole else {}))
+
+
+def split_rows(config: PipelineConfig, split: str, names: list[str]) -> dict:
+    """Every row of a split (not this rank's shard), in file order (as ``gmeta eval`` reads
+    it for the references: the order of the rows does not depend on the rows per read)."""
+    dataset = split_dataset(config, split, features=names, whole=True)
+    return rows_of(dataset.rows(_ROWS_PER_READ), names)
+
+
+_ROWS_PER_READ = 4096
 
 
 def task_batches(config: PipelineConfig, split: str | None, equal_steps: bool,
@@ -653,8 +663,13 @@ def reference_data(config: PipelineConfig, models: Models) -> ReferenceData:
     else:
         candidates = tuple(f for f in tower_sparse_features(model)
                            if f not in config.meta.adapt_embeddings)
+    tower = models.model.tower
+    shift, scale = ((), ()) if tower.dense_shift is None else (
+        tuple(float(v) for v in tower.dense_shift.numpy()),
+        tuple(float(v) for v in tower.dense_scale.numpy()))
     return ReferenceData(models.model.head.kind, models.model.head.label, candidates,
-                         tuple(tower_sparse_features(model)), tuple(model.dense_features))
+                         tuple(tower_sparse_features(model)), tuple(model.dense_features),
+                         dense_shift=shift, dense_scale=scale)
 
 
 def comparison(models: Models, config: PipelineConfig, split: str | None = None,

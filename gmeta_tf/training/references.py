@@ -103,6 +103,10 @@ class ReferenceData:
     sparse: tuple[str, ...]        # sparse / multi-hot features of the linear model
     dense: tuple[str, ...] = ()    # dense features of the linear model
     feature: str = ""              # the chosen candidate (set by fit_references)
+    # the dense inputs' shift and scale, over their concatenated width, as the tower's
+    # (``Tower.set_dense_scaling``): the linear model reads (x - shift) * scale
+    dense_shift: tuple[float, ...] = ()
+    dense_scale: tuple[float, ...] = ()
 
 
 def rows_of(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
@@ -277,9 +281,13 @@ class LinearModel:
                                                          len(rows[n]), -1)
                  for n in self.data.dense]
         n = len(ids[0]) if ids else len(dense[0])
+        dense = np.concatenate(dense, axis=1) if dense else np.zeros((n, 0))
+        if self.data.dense_shift:
+            dense = ((dense - np.asarray(self.data.dense_shift))
+                     * np.asarray(self.data.dense_scale))
         return (np.concatenate(ids, axis=1).astype(np.int64) if ids else np.zeros((n, 0), np.int64),
                 np.concatenate(weights, axis=1) if weights else np.zeros((n, 0)),
-                np.concatenate(dense, axis=1) if dense else np.zeros((n, 0)))
+                dense)
 
     def _buckets(self, feature_index: int, ids: np.ndarray) -> np.ndarray:
         """The hashed one-hot columns of a feature's (the ``feature_index``-th of

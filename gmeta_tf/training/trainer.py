@@ -70,6 +70,7 @@ from gmeta_tf.training.devices import configure_devices
 from gmeta_tf.training.evaluation import Validator, selection_metric
 from gmeta_tf.training.model_builder import (Models, build_models, dense_slow_variables,
                                              set_configured_blend)
+from gmeta_tf.training.dense_scaling import fit_dense_scaling
 from gmeta_tf.training.linear_start import start_from_linear
 from gmeta_tf.training.prior_fit import fit_prior
 from gmeta_tf.training.progress import ProgressBar
@@ -392,6 +393,8 @@ class Trainer:
                     # the learned strengths start where the baseline's stay (initial_ridge)
                     models.model.set_ridge_strengths(
                         initial_ridge(models.model.tower, self.config.meta.ridge)().numpy())
+            if start == 0:  # a resumed run restores the scaling with its checkpoint
+                fit_dense_scaling(models, self.config)
             if start == 0 and self.config.model.start_from_linear:
                 start_from_linear(models, self.config)
             return self._run(models, start)
