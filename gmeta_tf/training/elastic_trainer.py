@@ -30,6 +30,7 @@ import time
 
 from gmeta_tf import distributed, elastic
 from gmeta_tf.config import ConfigError, PipelineConfig
+from gmeta_tf.training.dense_scaling import fit_dense_scaling
 from gmeta_tf.training.evaluation import selection_metric
 from gmeta_tf.training.model_builder import build_models
 from gmeta_tf.training.progress import ProgressBar
@@ -66,6 +67,8 @@ class ElasticTrainer(Trainer):
         # Models are built from shapes (no collective): a rank that joins later runs this
         # alone, before the elastic state syncs it with the others.
         models = build_models(config, self.placement)
+        # from the whole training split, the same on every rank (a commit restores it too)
+        fit_dense_scaling(models, config)
         state = elastic.ShardedModelState(models.state, models.optimizers, self.ckpt_dir,
                                           keep=t.keep_checkpoints)
         self._write_config()
