@@ -1,7 +1,10 @@
 """Turning raw categorical values into int64 sparse ids, the same way in every converter.
 
-* A value that is a decimal integer (``"42"``) keeps its value, so numeric ids stay readable.
-* Any other string is hashed: farmhash Fingerprint64 (``tf.strings.to_hash_bucket_fast``)
+* A value that is a non-negative decimal integer (``"42"``) keeps its value, so numeric
+  ids stay readable.
+* Any other value is hashed, a negative integer (``"-1"``, as Avazu's ``C20`` writes an
+  unknown) too, since negative ids mark padding (``PAD_ID``: unused multi-hot slots,
+  padding rows), which is never looked up, nor weighed by the linear reference: farmhash Fingerprint64 (``tf.strings.to_hash_bucket_fast``)
   of ``"<salt>=<value>"`` modulo 2**63 - 1, a stable non-negative int64. The salt (usually
   the column name) keeps equal strings of different columns apart.
 * A missing value (null or empty) is id 0.
@@ -14,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 MISSING_ID = 0
-_INT_PATTERN = r"^-?[0-9]{1,18}$"
+_INT_PATTERN = r"^[0-9]{1,18}$"
 
 
 def _fingerprint(values: list[str], salt: str) -> np.ndarray:
@@ -39,7 +42,14 @@ def to_ids(values: pa.Array | pa.ChunkedArray, salt: str) -> np.ndarray:
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     if pa.types.is_integer(values.type):
-        return values.cast(pa.int64()).fill_null(MISSING_ID).to_numpy(zero_copy_only=False)
+        ids = values.cast(pa.int64()).fill_null(MISSING_ID).to_numpy(zero_copy_only=False)
+        negative = ids < 0
+        if not negative.any():
+            return ids
+        ids = ids.copy()
+        words, at = np.unique(ids[negative], return_inverse=True)
+        ids[negative] = _fingerprint([str(w) for w in words], salt)[at]
+        return ids
     values = values.cast(pa.string())
     encoded = pc.dictionary_encode(values)
     words = encoded.dictionary

@@ -1,0 +1,24 @@
+"""``hashing.to_ids``: raw categorical values -> int64 ids, alike in every converter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from gmeta_tf.data import PAD_ID, hashing
+
+
+def test_non_negative_integers_keep_their_value_and_the_rest_is_hashed_alike():
+    """A non-negative integer keeps its value; a negative one (Avazu's C20 writes an
+    unknown as -1) is hashed as text is, never left negative, where it would read as
+    padding (``PAD_ID``); the same value as text or as an integer column gets the same id;
+    an empty cell is id 0."""
+    text = hashing.to_ids(pa.array(["-1", "5", "", "abc", "-1", None, "100084"]), "C20")
+    assert text[1] == 5 and text[6] == 100084 and text[2] == text[5] == hashing.MISSING_ID
+    assert (text >= 0).all() and text[0] == text[4] and text[0] not in (1, PAD_ID, -1)
+    assert text[3] not in (text[0], 0)
+    ints = hashing.to_ids(pa.array([-1, 5, None, 100084, -2], pa.int64()), "C20")
+    np.testing.assert_array_equal(ints[:4], [text[0], 5, 0, 100084])
+    assert ints[4] >= 0 and ints[4] != ints[0]
+    # salted with the column: the same value of two columns is two ids
+    assert hashing.to_ids(pa.array(["-1"]), "C19")[0] != text[0]
