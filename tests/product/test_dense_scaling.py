@@ -128,3 +128,22 @@ def test_read_as_stored_the_hour_saturates_the_model(trained, tmp_path):
     assert main(["train", "--config", str(trained), "--fresh", *sets]) == 0
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["best"]["model"]["metrics"]["auc"] < 0.65
+
+
+@pytest.mark.horovod
+def test_two_ranks_scale_alike_and_score_validation_as_one_process_does(trained, tmp_path):
+    """Under horovodrun each rank fits the scaling from the whole training split: the
+    ranks' validation (each scores its shard of the rows) is the one a single process
+    scores from the restored checkpoint, which a rank reading its inputs otherwise
+    would move."""
+    from tests.multiprocess import run_ranks
+
+    sets = ["--set", f"run_dir={tmp_path}", "--set", f"export.dir={tmp_path}/export"]
+    run_ranks("gmeta_tf.cli", "train", "--config", str(trained), "--fresh", *sets, np_=2)
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    best = summary["best"]["model"]
+    assert summary["world_size"] == 2 and best["metrics"]["auc"] > 0.7, summary
+    assert main(["eval", "--config", str(trained), "--validation", *sets]) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "eval" / "valid.json").read_text())[
+        "rows"]}
+    np.testing.assert_allclose(rows["ctr model"]["auc"], best["metrics"]["auc"], atol=1e-4)
