@@ -62,6 +62,14 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
+def _physical(target: str | os.PathLike) -> str:
+    """``target`` with its directory resolved as the file system resolves it (a link
+    followed before a ``..`` after it), where a rename into ``target`` lands: not
+    ``os.path.abspath``'s lexical reading of ``link/..``."""
+    target = os.path.join(os.getcwd(), os.fspath(target))
+    return os.path.join(os.path.realpath(os.path.dirname(target)), os.path.basename(target))
+
+
 def _staging_prefix(target: str) -> str:
     return f".{os.path.basename(target)}.tmp-"
 
@@ -80,9 +88,10 @@ def staging_dir(target: str | os.PathLike) -> str:
     """A new, empty hidden directory beside ``target``
     (``.<name>.tmp-<pid>@<process_host>.<random>``) to write it in before ``replace_dir``;
     the parent is made if needed."""
-    target = os.path.abspath(target)
+    # made as the file system reads the path (not abspath's lexical link/..)
+    os.makedirs(os.path.dirname(os.path.join(os.getcwd(), os.fspath(target))), exist_ok=True)
+    target = _physical(target)
     parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
     path = tempfile.mkdtemp(
         prefix=f"{_staging_prefix(target)}{os.getpid()}@{process_host()}.", dir=parent)
     # mkdtemp makes it 0700; renamed into place it is read by others (a model server
@@ -113,7 +122,7 @@ def replace_dir(staging: str | os.PathLike, target: str | os.PathLike,
         if old is not None:
             os.replace(old, target)
         raise
-    fsync_dir(os.path.dirname(os.path.abspath(target)))
+    fsync_dir(os.path.dirname(_physical(target)))
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -127,7 +136,7 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
     runs, or that another host or process-id namespace made (``process_host``), is left
     (one named by its host alone, as written before namespaces were named, is taken as
     this namespace's)."""
-    target = os.path.abspath(target)
+    target = _physical(target)
     parent, prefix = os.path.dirname(target), _staging_prefix(target)
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]

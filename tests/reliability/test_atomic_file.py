@@ -98,3 +98,30 @@ def test_staging_left_by_a_dead_process_of_another_pid_namespace_is_left_alone(t
         (tmp_path / name).mkdir()
     tidy_staging(target, "a conversion")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ours, container, elsewhere])
+
+
+def test_a_target_through_a_link_and_dotdot_is_staged_where_the_rename_lands(tmp_path):
+    """``link/../out`` is where the file system puts it (beside the link's target), not
+    where ``os.path.abspath`` reads it (beside the link): the staging directory, the
+    replace and the next write's tidying all look there."""
+    import os
+    import subprocess
+
+    from gmeta_tf.atomic_file import process_host, replace_dir, staging_dir, tidy_staging
+
+    (tmp_path / "real" / "inner").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "inner")
+    target = tmp_path / "link" / ".." / "out"
+    staged = staging_dir(target)
+    assert os.path.dirname(staged) == str(tmp_path / "real")
+    (tmp_path / "real" / os.path.basename(staged) / "f").write_text("new")
+    replace_dir(staged, target)
+    assert (tmp_path / "real" / "out" / "f").read_text() == "new"
+    assert not (tmp_path / "out").exists()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = tmp_path / "real" / f".out.tmp-{gone.pid}@{process_host()}.z9"
+    left.mkdir()
+    tidy_staging(target, "a conversion")
+    assert not left.exists()
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["inner", "out"]
