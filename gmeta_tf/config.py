@@ -314,7 +314,9 @@ class TrainConfig:
     on the validation rows (DeLong's for AUC; of the rows' paired losses for log loss and
     MAE). Validation rows are few on a small log, and the best of many checkpoints is
     biased upward: 1 is the one-standard-error rule (Hastie et al., The Elements of
-    Statistical Learning, 7.10), the simpler model kept unless the other is clearly better.
+    Statistical Learning, 7.10), the simpler model kept unless the other is clearly better;
+    the shipped click configs use 2, as the best of a run's checkpoints passed one standard
+    error by chance too often (``docs/measured.md``).
     """
 
     steps: int = field(1000, min=1)
