@@ -62,11 +62,13 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
-def _physical(target: str | os.PathLike) -> str:
-    """``target`` with its directory resolved as the file system resolves it (a link
-    followed before a ``..`` after it), where a rename into ``target`` lands: not
-    ``os.path.abspath``'s lexical reading of ``link/..``."""
+def physical_path(target: str | os.PathLike) -> str:
+    """``target`` made absolute with its directory resolved as the file system resolves it
+    (a link followed before a ``..`` after it), where a rename into ``target`` lands: not
+    ``os.path.abspath``'s lexical reading of ``link/..``. A trailing separator is dropped
+    (``out/`` is ``out``)."""
     target = os.path.join(os.getcwd(), os.fspath(target))
+    target = target.rstrip(os.sep) or os.sep
     return os.path.join(os.path.realpath(os.path.dirname(target)), os.path.basename(target))
 
 
@@ -74,26 +76,17 @@ def _staging_prefix(target: str) -> str:
     return f".{os.path.basename(target)}.tmp-"
 
 
-def process_host() -> str:
-    """Where this process's id means this process: the host name and, on Linux, the
-    process-id namespace (``~<its inode>``), as containers sharing a host name each number
-    their processes afresh."""
-    try:
-        return f"{socket.gethostname()}~{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return socket.gethostname()
-
-
 def staging_dir(target: str | os.PathLike) -> str:
     """A new, empty hidden directory beside ``target``
-    (``.<name>.tmp-<pid>@<process_host>.<random>``) to write it in before ``replace_dir``;
-    the parent is made if needed."""
+    (``.<name>.tmp-<pid>@<host>.<random>``) to write it in before ``replace_dir``; the
+    parent is made if needed."""
     # made as the file system reads the path (not abspath's lexical link/..)
-    os.makedirs(os.path.dirname(os.path.join(os.getcwd(), os.fspath(target))), exist_ok=True)
-    target = _physical(target)
+    os.makedirs(os.path.dirname(os.path.join(os.getcwd(), os.fspath(target)).rstrip(os.sep)),
+                exist_ok=True)
+    target = physical_path(target)
     parent = os.path.dirname(target)
     path = tempfile.mkdtemp(
-        prefix=f"{_staging_prefix(target)}{os.getpid()}@{process_host()}.", dir=parent)
+        prefix=f"{_staging_prefix(target)}{os.getpid()}@{socket.gethostname()}.", dir=parent)
     # mkdtemp makes it 0700; renamed into place it is read by others (a model server
     # running as another user): the mode a new directory gets under the process's umask
     umask = os.umask(0o022)
@@ -122,7 +115,7 @@ def replace_dir(staging: str | os.PathLike, target: str | os.PathLike,
         if old is not None:
             os.replace(old, target)
         raise
-    fsync_dir(os.path.dirname(_physical(target)))
+    fsync_dir(os.path.dirname(physical_path(target)))
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -133,10 +126,9 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
     name ending ``.old``), put back when nothing took its place (the kill came between
     ``replace_dir``'s two renames: the write never finished, so the target is as it was
     before it) or removed when the new one is in place. A directory whose process still
-    runs, or that another host or process-id namespace made (``process_host``), is left
-    (one named by its host alone, as written before namespaces were named, is taken as
-    this namespace's)."""
-    target = _physical(target)
+    runs, or that another host made, is left (liveness is read by process id, so a
+    container that shares this host name but not its process ids is taken as this host)."""
+    target = physical_path(target)
     parent, prefix = os.path.dirname(target), _staging_prefix(target)
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]
@@ -145,8 +137,7 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
     for name in sorted(names, key=lambda n: not n.endswith(".old")):  # put back first
         owner = name[len(prefix):].removesuffix(".old")
         pid, at, host = owner.partition("@")
-        if not (at and pid.isdigit()
-                and host.rpartition(".")[0] in (process_host(), socket.gethostname())
+        if not (at and pid.isdigit() and host.rpartition(".")[0] == socket.gethostname()
                 and not _running(int(pid))):
             continue
         path = os.path.join(parent, name)

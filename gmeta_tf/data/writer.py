@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
-from gmeta_tf.atomic_file import fsync_tree, replace_dir, staging_dir, tidy_staging
+from gmeta_tf.atomic_file import (fsync_tree, physical_path, replace_dir, staging_dir,
+                                  tidy_staging)
 from gmeta_tf.data import filesystem as fs
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import FILE_FORMATS, MANIFEST_NAME, FileEntry, Manifest, sha256_of
@@ -133,7 +134,7 @@ class DatasetWriter:
                             "tf.io.gfile or your storage tool", file=out_dir)
         if file_format not in FILE_FORMATS:
             raise DataError("unknown file format", value=file_format, expected=f"one of {FILE_FORMATS}")
-        self.out_dir = os.path.abspath(fs.local(out_dir))
+        self.out_dir = physical_path(fs.local(out_dir))  # where the rename lands
         tidy_staging(self.out_dir, "a conversion")
         if os.path.lexists(self.out_dir):
             if not overwrite:

@@ -70,44 +70,15 @@ def test_a_staged_directory_replaces_its_target_whole_with_a_new_directorys_mode
     assert target.stat().st_mode & 0o777 == 0o777 & ~umask
 
 
-def test_staging_left_by_a_dead_process_of_another_pid_namespace_is_left_alone(tmp_path):
-    """A staging directory names the process-id namespace its process ran in beside the
-    host name: one left by a process no longer running here is removed, one of a container
-    sharing this host name (another namespace, whose process ids are its own) is left,
-    as is one of another host; a name of the host alone (written before namespaces were
-    named) is taken as this namespace's."""
-    import os
-    import socket
-    import subprocess
-
-    from gmeta_tf.atomic_file import process_host, staging_dir, tidy_staging
-
-    target = tmp_path / "data"
-    ours = os.path.basename(staging_dir(target))
-    assert ours.startswith(f".data.tmp-{os.getpid()}@{process_host()}.")
-    if os.path.exists("/proc/self/ns/pid"):
-        assert process_host() == (f"{socket.gethostname()}~"
-                                  f"{os.stat('/proc/self/ns/pid').st_ino}")
-    gone = subprocess.Popen(["true"])
-    gone.wait()  # a process id no longer running in this namespace
-    here = f".data.tmp-{gone.pid}@{process_host()}.a1"
-    legacy = f".data.tmp-{gone.pid}@{socket.gethostname()}.a2"
-    container = f".data.tmp-{gone.pid}@{socket.gethostname()}~1.a3"
-    elsewhere = f".data.tmp-{gone.pid}@another-{socket.gethostname()}.a4"
-    for name in (here, legacy, container, elsewhere):
-        (tmp_path / name).mkdir()
-    tidy_staging(target, "a conversion")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ours, container, elsewhere])
-
-
 def test_a_target_through_a_link_and_dotdot_is_staged_where_the_rename_lands(tmp_path):
     """``link/../out`` is where the file system puts it (beside the link's target), not
     where ``os.path.abspath`` reads it (beside the link): the staging directory, the
     replace and the next write's tidying all look there."""
     import os
+    import socket
     import subprocess
 
-    from gmeta_tf.atomic_file import process_host, replace_dir, staging_dir, tidy_staging
+    from gmeta_tf.atomic_file import replace_dir, staging_dir, tidy_staging
 
     (tmp_path / "real" / "inner").mkdir(parents=True)
     (tmp_path / "link").symlink_to(tmp_path / "real" / "inner")
@@ -120,8 +91,40 @@ def test_a_target_through_a_link_and_dotdot_is_staged_where_the_rename_lands(tmp
     assert not (tmp_path / "out").exists()
     gone = subprocess.Popen(["true"])
     gone.wait()
-    left = tmp_path / "real" / f".out.tmp-{gone.pid}@{process_host()}.z9"
+    left = tmp_path / "real" / f".out.tmp-{gone.pid}@{socket.gethostname()}.z9"
     left.mkdir()
     tidy_staging(target, "a conversion")
     assert not left.exists()
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["inner", "out"]
+
+
+def test_a_target_with_a_trailing_separator_is_staged_beside_it(tmp_path):
+    """``out/`` is ``out``: staged beside it, not inside it."""
+    import os
+
+    from gmeta_tf.atomic_file import physical_path, replace_dir, staging_dir
+
+    staged = staging_dir(f"{tmp_path / 'out'}/")
+    assert os.path.dirname(staged) == str(tmp_path)
+    assert physical_path(f"{tmp_path}/out/") == str(tmp_path / "out")
+    replace_dir(staged, f"{tmp_path / 'out'}/")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_conversion_through_a_link_and_dotdot_lands_where_the_file_system_puts_it(tmp_path):
+    """The dataset writer reads its output path as the file system does: ``link/../data``
+    beside the link's target, where a later reader of that path finds it."""
+    from gmeta_tf import data
+
+    (tmp_path / "real" / "inner").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "inner")
+    src = tmp_path / "in.csv"
+    src.write_text("user_id,item_id,label\n" + "\n".join(
+        f"{u},{i},{(u + i) % 2}" for u in range(1, 6) for i in range(20)) + "\n")
+    out = tmp_path / "link" / ".." / "data"
+    data.convert_csv(str(src), str(out),
+                     {"task": "user_id", "label": "label", "sparse": ["item_id"]},
+                     split=data.SplitConfig(query_size=3, min_rows=5))
+    assert (tmp_path / "real" / "data" / "manifest.json").exists()
+    assert not (tmp_path / "data").exists()
+    assert data.Manifest.load(str(out)).files
