@@ -336,6 +336,25 @@ def test_a_quote_never_closed_is_refused_under_either_policy(tmp_path, line, col
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("final_newline", [True, False])
+@pytest.mark.parametrize("at, spanned", [(50, len(GOOD) - 50), (len(GOOD), 0)])
+def test_a_quote_never_closed_is_refused_with_or_without_a_last_line_break(
+        tmp_path, final_newline, at, spanned):
+    """A quote never closed is refused under skip too, whether the file ends with a line
+    break or not (the lenient reader closes a field left open at the end of the file as if
+    it were closed), and when it opens on the last line."""
+    src = tmp_path / "in.csv"
+    lines = ["user_id,item_id,label"] + GOOD[:at] + ['4,99,1,"x'] + GOOD[at:]
+    src.write_text("\n".join(lines) + ("\n" if final_newline else ""))
+    where = (f"over the next {spanned} lines \\(to the end of the file\\)" if spanned
+             else "to the end of the file; close or remove the quote")
+    with pytest.raises(data.DataError, match=rf"{src}: line {at + 2}: a quote that is never "
+                                             rf"closed: the field it opens runs {where}"):
+        data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
+                         output=data.OutputConfig(bad_rows="skip"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_closed_quote_over_two_lines_in_a_row_of_the_wrong_width_follows_the_policy(
         tmp_path):
     """Quotes closed, a row of the wrong width that spans two lines is a malformed row as

@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import functools
 import io
+import itertools
 import logging
 from typing import Iterator
 
@@ -89,16 +90,16 @@ class _LineNumbers:
         """Raises for (policy "error") or counts (policy "skip") the lines just rejected.
 
         A rejected row spanning several lines with an odd number of quotes, in a file the
-        ``RecordLines`` pass did not read to its end (a quote it found never closed is
+        ``RecordLines`` pass could not tell closed (a quote it found never closed is
         refused before parsing), may be a quote never closed, the parser reading the lines
         after it into the quoted field: it raises under either policy, as to skip it would
-        drop every line it swallowed while counting one. Where the pass read the whole
-        file, its quotes are known closed (an odd count holds a literal quote inside a
-        field), and the row is a row of the wrong width as any other."""
+        drop every line it swallowed while counting one. Where the pass found every quote
+        closed (an odd count then holds a literal quote inside a field), the row is a row
+        of the wrong width as any other."""
         for line, found, text in self.pending:
             spanned = text.rstrip("\r\n").count("\n")
             if (spanned and not self.dialect.several and text.count('"') % 2
-                    and not self.record_lines.read_whole):
+                    and self.record_lines.quotes_closed is not True):
                 raise _quote_over_lines(
                     self.path, self.dialect, line, text,
                     f"read as one malformed row of {found} columns, {len(self.names)} "
@@ -137,12 +138,9 @@ class RecordLines:
         #: A quote never closed: the line of its row, the field it opens (0-based) and the
         #: row as read (its field running to the end of the file).
         self.unclosed: tuple[int, int, str] | None = None
-
-    @property
-    def read_whole(self) -> bool:
-        """Whether the pass read the whole file (so every quote in it but ``unclosed`` is
-        known to be closed)."""
-        return self.records is not None
+        #: Whether every quote of the file is closed: True (or the file has no quoting),
+        #: False (``unclosed``), None (not known: the pass stopped before the end).
+        self.quotes_closed: bool | None = True
 
     def __call__(self, records: np.ndarray) -> np.ndarray:
         if not self.spanning.size:
@@ -163,16 +161,20 @@ class RecordLines:
         # first field would read as text
         encoding = "utf-8-sig" if codecs.lookup(dialect.encoding).name == "utf-8" else (
             dialect.encoding)
-        record = previous = 0
+        record = previous = start = 0
         try:
             with open(path, newline="", encoding=encoding, errors="replace") as f:
                 reader = csv.reader(f, delimiter=dialect.delimiter)
                 fields: list[str] = []
                 for record, fields in enumerate(reader, start=1):  # noqa: B007 (the last is read)
+                    start = previous + 1  # the line this record starts on
                     if reader.line_num - previous > 1:
                         spanning.append(record)
                         extra.append(reader.line_num - previous - 1)
                     previous = reader.line_num
+            # the lenient reader ends a field left open at the end of the file as if closed
+            open_at_end = _ends_in_open_quote(path, encoding, dialect.delimiter, start) if (
+                record) else False
         except csv.Error as e:
             if "field limit" in str(e):  # a quote never closed, or a value of 16 Mi characters
                 raise DataError(f"line {previous + 1}: a quoted value runs over more than "
@@ -181,13 +183,14 @@ class RecordLines:
                                 f"quote", file=path) from e
             log.warning("%s: line numbers count rows from line %d on, where lines inside "
                         "quoted values are not known (%s)", path, previous + 1, e)
-            return cls(spanning, extra)
+            out = cls(spanning, extra)
+            out.quotes_closed = None
+            return out
         finally:
             csv.field_size_limit(limit)
         out = cls(spanning, extra, record)
-        # the last row's last field ran to the end of the file, line break and all: its
-        # quote was never closed (a closed one ends before the line break that follows it)
-        if spanning and spanning[-1] == record and fields and fields[-1].endswith(("\n", "\r")):
+        out.quotes_closed = None if open_at_end is None else not open_at_end
+        if open_at_end:  # the last row's last field runs to the end of the file
             out.unclosed = (int(out(np.array([record]))[0]), len(fields) - 1,
                             dialect.delimiter.join(fields))
         return out
@@ -230,6 +233,21 @@ class RecordLines:
 #: The longest value, in characters, ``RecordLines`` reads (16 Mi: 64 MiB in Python's csv
 #: reader's buffer); past it the line numbers count rows from there on (warned).
 _FIELD_CHARACTERS = 1 << 24
+
+
+def _ends_in_open_quote(path: str, encoding: str, delimiter: str, line: int) -> bool | None:
+    """Whether the file's last record, from ``line`` on, ends inside a quoted field (the
+    strict reader says "unexpected end of data" where the lenient one closes it, with or
+    without a line break at the end of the file); None when the strict reader stops on
+    something else first (a character after a closing quote)."""
+    with open(path, newline="", encoding=encoding, errors="replace") as f:
+        try:
+            for _ in csv.reader(itertools.islice(f, line - 1, None), delimiter=delimiter,
+                                strict=True):
+                pass
+        except csv.Error as e:
+            return True if "unexpected end of data" in str(e) else None
+    return False
 
 
 def _holds_byte(path: str, byte: bytes, chunk_bytes: int) -> bool:
@@ -485,7 +503,7 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
         line_numbers = lines.of(first_row, batch.num_rows)
         batch, line_numbers = _without_blank_lines(batch, line_numbers, counts)
         _refuse_values_over_lines(batch, line_numbers, path, dialect,
-                                  closed=True if record_lines.read_whole else None)
+                                  closed=record_lines.quotes_closed)
         if lines.pending and policy == "error":  # rows before the bad line go first, so
             before = line_numbers < lines.pending[0][0]  # the earliest problem is reported
             yield batch.filter(pa.array(before)), line_numbers[before]
@@ -523,10 +541,12 @@ def _quote_over_lines(path: str, dialect: CsvDialect, line: int, text: str, why:
             True: "a quote closed only by a later line's quote: the field it opens runs",
             None: "a quote closed by a later line's quote or never: the field it opens "
                   "runs"}[closed]
-    lines = "line" if spanned == 1 else f"{spanned} lines"
-    return DataError(f"line {line}: {what} over the next {lines} ({why}); close "
-                     f"or remove the quote", file=path, column=column,
-                     value=dialect.as_written(text.splitlines()[0])[:200])
+    lines = ("over the next line" if spanned == 1 else f"over the next {spanned} lines"
+             if spanned else "to the end of the file")
+    why = f" ({why})" if spanned or why != "to the end of the file" else ""
+    return DataError(f"line {line}: {what} {lines}{why}; close or remove the quote",
+                     file=path, column=column,
+                     value=dialect.as_written((text.splitlines() or [""])[0])[:200])
 
 
 def _open_csv(path: str, dialect: CsvDialect, **options) -> pacsv.CSVStreamingReader:
