@@ -2,11 +2,13 @@
 
 * A value that is a non-negative decimal integer (``"42"``) keeps its value, so numeric
   ids stay readable.
-* Any other value is hashed, a negative integer (``"-1"``, as Avazu's ``C20`` writes an
-  unknown) too, since negative ids mark padding (``PAD_ID``: unused multi-hot slots,
-  padding rows), which is never looked up, nor weighed by the linear reference: farmhash Fingerprint64 (``tf.strings.to_hash_bucket_fast``)
+* Any other value is hashed: farmhash Fingerprint64 (``tf.strings.to_hash_bucket_fast``)
   of ``"<salt>=<value>"`` modulo 2**63 - 1, a stable non-negative int64. The salt (usually
-  the column name) keeps equal strings of different columns apart.
+  the column name) keeps equal strings of different columns apart. A negative integer
+  (``"-1"``, as Avazu's ``C20`` writes an unknown) is hashed too: negative ids mark
+  padding (``PAD_ID``: unused multi-hot slots, padding rows), which multi-hot lookups
+  drop and the linear reference weighs 0, where a single-valued feature's -1 would still
+  be embedded by the model.
 * A missing value (null or empty) is id 0.
 """
 

@@ -67,8 +67,6 @@ class ElasticTrainer(Trainer):
         # Models are built from shapes (no collective): a rank that joins later runs this
         # alone, before the elastic state syncs it with the others.
         models = build_models(config, self.placement)
-        # from the whole training split, the same on every rank (a commit restores it too)
-        fit_dense_scaling(models, config)
         state = elastic.ShardedModelState(models.state, models.optimizers, self.ckpt_dir,
                                           keep=t.keep_checkpoints)
         self._write_config()
@@ -81,6 +79,8 @@ class ElasticTrainer(Trainer):
             self.rank, self.size = distributed.rank(), distributed.size()
             setup_logging()  # rank 0 of this world logs (it may be another process now)
             start = state.step
+            if start == 0:  # a fresh run (a restored commit holds its scaling, or none)
+                fit_dense_scaling(models, config)  # the whole training split, on every rank
             first_start.append(start)
             self.world_sizes.append((start, self.size))
             log.info("elastic: training %s from step %d to %d on %d rank(s)", config.name,

@@ -21,7 +21,7 @@ import yaml
 from gmeta_tf.cli import main
 from gmeta_tf.config import load_config
 from gmeta_tf.training.cold_start import restore_models
-from gmeta_tf.training.dense_scaling import DENSE_AUTO_LIMIT, dense_scaling
+from gmeta_tf.training.dense_scaling import DENSE_AUTO_LIMIT, _Moments, dense_scaling
 from gmeta_tf.training.evaluation import row_batches
 
 
@@ -42,6 +42,15 @@ def test_auto_scales_the_inputs_beyond_the_limit_and_standard_every_one():
     shift, scale = dense_scaling(values, "none")
     assert not shift.any() and (scale == 1).all()
     assert DENSE_AUTO_LIMIT == 100.0
+    # merged batch by batch (as the fit reads the training split), the moments are the
+    # whole array's
+    moments = _Moments(3)
+    for part in np.array_split(values, [1, 7, 300]):
+        moments.add(part)
+    np.testing.assert_allclose(moments.mean, values.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(moments.std, values.std(axis=0), rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(moments.largest, np.abs(values).max(axis=0))
+    assert moments.count == 500
 
 
 def _write_log(path: Path, n: int, seed: int) -> None:
