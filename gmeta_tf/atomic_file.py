@@ -67,9 +67,14 @@ def physical_path(target: str | os.PathLike) -> str:
     (a link followed before a ``..`` after it), where a rename into ``target`` lands: not
     ``os.path.abspath``'s lexical reading of ``link/..``. A trailing separator is dropped
     (``out/`` is ``out``)."""
-    target = os.path.join(os.getcwd(), os.fspath(target))
-    target = target.rstrip(os.sep) or os.sep
+    target = _joined(target)
     return os.path.join(os.path.realpath(os.path.dirname(target)), os.path.basename(target))
+
+
+def _joined(target: str | os.PathLike) -> str:
+    """``target`` joined to the working directory, unresolved, without a trailing
+    separator."""
+    return os.path.join(os.getcwd(), os.fspath(target)).rstrip(os.sep) or os.sep
 
 
 def _staging_prefix(target: str) -> str:
@@ -81,8 +86,7 @@ def staging_dir(target: str | os.PathLike) -> str:
     (``.<name>.tmp-<pid>@<host>.<random>``) to write it in before ``replace_dir``; the
     parent is made if needed."""
     # made as the file system reads the path (not abspath's lexical link/..)
-    os.makedirs(os.path.dirname(os.path.join(os.getcwd(), os.fspath(target)).rstrip(os.sep)),
-                exist_ok=True)
+    os.makedirs(os.path.dirname(_joined(target)), exist_ok=True)
     target = physical_path(target)
     parent = os.path.dirname(target)
     path = tempfile.mkdtemp(

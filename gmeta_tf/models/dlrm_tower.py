@@ -69,14 +69,12 @@ class DLRMTower(Tower):
     def _create_weights(self) -> dict[str, tf.Variable]:
         params = {}
         if self.dense_features:
-            width = sum(self.dense_features.values())
-            params.update(add_dense_stack(self, "bottom", width,
+            params.update(add_dense_stack(self, "bottom", self.dense_width,
                                           (*self.bottom_units, self.embedding_dim), self.seed))
         params.update(add_dense_stack(self, "top", self._top_input_width, (*self.top_units, 1),
                                       self.seed + 1))
         if self.linear and self.dense_features:
-            width = sum(self.dense_features.values())
-            params["linear/dense"] = self.add_weight(name="linear/dense", shape=[width],
+            params["linear/dense"] = self.add_weight(name="linear/dense", shape=[self.dense_width],
                                                      initializer="zeros")
         return params
 

@@ -39,7 +39,7 @@ from gmeta_tf.meta.task_adapter import DIVERGED_LOSS_RATIO
 from gmeta_tf.models.tower import Tower
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.prior_fit import held_out_protocol
-from gmeta_tf.training.references import ReferenceData, fit_references, rows_of
+from gmeta_tf.training.references import ReferenceData, fit_references
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +61,6 @@ def split_dataset(config: PipelineConfig, split: str | None, path: str | None = 
     return meta_io.TaskDataset(path or config.data.path, split, reader=config.data.reader,
                                features=features, verify="size",
                                **({"rank": 0, "size": 1} if whole else {}))
-
-
-def split_rows(config: PipelineConfig, split: str, names: list[str]) -> dict:
-    """Every row of a split (not this rank's shard), in file order (as ``gmeta eval`` reads
-    it for the references: the order of the rows does not depend on the rows per read)."""
-    dataset = split_dataset(config, split, features=names, whole=True)
-    return rows_of(dataset.rows(_ROWS_PER_READ), names)
-
-
-_ROWS_PER_READ = 4096
 
 
 def task_batches(config: PipelineConfig, split: str | None, equal_steps: bool,
