@@ -5,12 +5,15 @@ the new one, never a part of one. No TensorFlow here: the config and tuning code
 A directory (a dataset, a SavedModel) is staged the same way (``staging_dir``,
 ``replace_dir``): written under a hidden name beside its destination that holds the
 writing process's id and host, then renamed into place, what it replaces set aside until
-then. The next write into the same place clears what a killed one left (``tidy_staging``)
-and puts back what it had set aside.
+then. The writer holds a lock (``flock``) on a file of the same name ending ``.lock``
+until it is done (``release_staging``); the kernel lets it go when the writer dies, however
+it dies. The next write into the same place clears what a killed one left
+(``tidy_staging``) and puts back what it had set aside.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -20,6 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 log = logging.getLogger(__name__)
+
+_LOCK_SUFFIX = ".lock"
+_held_locks: dict[str, int] = {}  # staging directory -> the descriptor holding its lock
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -84,19 +90,48 @@ def _staging_prefix(target: str) -> str:
 def staging_dir(target: str | os.PathLike) -> str:
     """A new, empty hidden directory beside ``target``
     (``.<name>.tmp-<pid>@<host>.<random>``) to write it in before ``replace_dir``; the
-    parent is made if needed."""
+    parent is made if needed. The process holds a lock on ``<staging>.lock`` until
+    ``release_staging``: while it does, no ``tidy_staging`` takes it for a killed write."""
     # made as the file system reads the path (not abspath's lexical link/..)
     os.makedirs(os.path.dirname(_joined(target)), exist_ok=True)
     target = physical_path(target)
     parent = os.path.dirname(target)
     path = tempfile.mkdtemp(
         prefix=f"{_staging_prefix(target)}{os.getpid()}@{socket.gethostname()}.", dir=parent)
+    try:
+        fd = os.open(path + _LOCK_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _held_locks[path] = fd
+    except OSError as e:  # a file system without locks: the process id tells, as before
+        os.close(fd)
+        os.unlink(path + _LOCK_SUFFIX)
+        log.debug("no lock beside %s (%s): its process id says whether it runs", path, e)
     # mkdtemp makes it 0700; renamed into place it is read by others (a model server
     # running as another user): the mode a new directory gets under the process's umask
     umask = os.umask(0o022)
     os.umask(umask)
     os.chmod(path, 0o777 & ~umask)
     return path
+
+
+def release_staging(staging: str | os.PathLike) -> None:
+    """Ends a staged write, done or given up: removes ``staging`` if it is still there (not
+    moved into place), then its lock file, and lets the lock go."""
+    staging = os.fspath(staging)
+    shutil.rmtree(staging, ignore_errors=True)
+    fd = _held_locks.pop(staging, None)
+    if fd is None:
+        return
+    try:
+        os.unlink(staging + _LOCK_SUFFIX)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def replace_dir(staging: str | os.PathLike, target: str | os.PathLike,
@@ -122,6 +157,7 @@ def replace_dir(staging: str | os.PathLike, target: str | os.PathLike,
     fsync_dir(os.path.dirname(physical_path(target)))
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    release_staging(staging)
 
 
 def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
@@ -129,34 +165,75 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
     staging directory, removed, and the directory it had set aside to replace (the same
     name ending ``.old``), put back when nothing took its place (the kill came between
     ``replace_dir``'s two renames: the write never finished, so the target is as it was
-    before it) or removed when the new one is in place. A directory whose process still
-    runs, or that another host made, is left (liveness is read by process id, so a
-    container that shares this host name but not its process ids is taken as this host)."""
+    before it) or removed when the new one is in place. A write is taken as killed when
+    its lock file can be locked (and a lock file left alone, by a write killed after its
+    move, is removed): its process, in whatever process-id namespace (another
+    container of the same host name), holds the lock while it runs. A staging directory
+    without a lock file (its write killed before it made one) is read by its process id.
+    What another host made is left: a lock is not seen across every network file
+    system."""
     target = physical_path(target)
     parent, prefix = os.path.dirname(target), _staging_prefix(target)
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]
     except OSError:
         return
-    for name in sorted(names, key=lambda n: not n.endswith(".old")):  # put back first
-        owner = name[len(prefix):].removesuffix(".old")
+    owners = {}
+    for name in names:
+        owner = name[len(prefix):].removesuffix(".old").removesuffix(_LOCK_SUFFIX)
+        owners.setdefault(owner, []).append(name)
+    for owner, owned in owners.items():
         pid, at, host = owner.partition("@")
-        if not (at and pid.isdigit() and host.rpartition(".")[0] == socket.gethostname()
-                and not _running(int(pid))):
+        if not (at and pid.isdigit() and host.rpartition(".")[0] == socket.gethostname()):
             continue
-        path = os.path.join(parent, name)
-        if name.endswith(".old") and not os.path.lexists(target):
+        lock = _lock_of_gone_writer(os.path.join(parent, prefix + owner + _LOCK_SUFFIX),
+                                    int(pid))
+        if lock is None:
+            continue
+        try:
+            # the set-aside first: put back before anything else is removed
+            for name in sorted(owned, key=lambda n: not n.endswith(".old")):
+                if not name.endswith(_LOCK_SUFFIX):
+                    _tidy_one(os.path.join(parent, name), target, what, pid)
             try:
-                os.replace(path, target)
-            except FileNotFoundError:  # another write put it back first
-                continue
-            fsync_dir(parent)
-            log.warning("put back %s: %s killed while replacing it (process %s) had set "
-                        "it aside as %s", target, what, pid, name)
-        else:
-            log.info("removing %s, left by %s into %s that was killed (process %s)",
-                     path, what, target, pid)
-            shutil.rmtree(path, ignore_errors=True)
+                os.unlink(os.path.join(parent, prefix + owner + _LOCK_SUFFIX))
+            except FileNotFoundError:
+                pass
+        finally:
+            if lock >= 0:
+                os.close(lock)
+
+
+def _lock_of_gone_writer(lock_path: str, pid: int) -> int | None:
+    """The lock file's descriptor, locked, when the writer that made it is gone (-1: no
+    lock file and no process of that id); None while it runs."""
+    try:  # opened for writing: NFS takes an exclusive flock as a write lock
+        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None if _running(pid) else -1
+    except OSError:  # not ours to lock (another user's): left
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held (or a file system without locks): taken as running
+        os.close(fd)
+        return None
+    return fd
+
+
+def _tidy_one(path: str, target: str, what: str, pid: str) -> None:
+    if path.endswith(".old") and not os.path.lexists(target):
+        try:
+            os.replace(path, target)
+        except FileNotFoundError:  # another write put it back first
+            return
+        fsync_dir(os.path.dirname(target))
+        log.warning("put back %s: %s killed while replacing it (process %s) had set "
+                    "it aside as %s", target, what, pid, os.path.basename(path))
+    elif os.path.lexists(path):
+        log.info("removing %s, left by %s into %s that was killed (process %s)",
+                 path, what, target, pid)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _running(pid: int) -> bool:

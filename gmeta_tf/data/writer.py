@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from typing import Any
 
 import numpy as np
@@ -19,8 +18,8 @@ import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
-from gmeta_tf.atomic_file import (fsync_tree, physical_path, replace_dir, staging_dir,
-                                  tidy_staging)
+from gmeta_tf.atomic_file import (fsync_tree, physical_path, release_staging, replace_dir,
+                                  staging_dir, tidy_staging)
 from gmeta_tf.data import filesystem as fs
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import FILE_FORMATS, MANIFEST_NAME, FileEntry, Manifest, sha256_of
@@ -158,6 +157,8 @@ class DatasetWriter:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if os.path.exists(self.tmp_dir):
             self.abort()
+        else:  # moved into place, or failed after: the lock is let go all the same
+            release_staging(self.tmp_dir)
 
     def write(self, split: str, table: pa.Table) -> None:
         """Appends whole tasks (sorted by task; no task continues in a later call)."""
@@ -189,7 +190,7 @@ class DatasetWriter:
         for s in self._splits.values():
             if s._file is not None:
                 s._file.close()
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        release_staging(self.tmp_dir)
 
 
 def _check_replaceable(out_dir: str) -> None:

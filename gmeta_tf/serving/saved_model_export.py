@@ -27,14 +27,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Mapping
 
 import tensorflow as tf
 
 from gmeta_tf import data as meta_io
-from gmeta_tf.atomic_file import fsync_tree, replace_dir, staging_dir, tidy_staging
+from gmeta_tf.atomic_file import (fsync_tree, release_staging, replace_dir, staging_dir,
+                                  tidy_staging)
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.embedding import ShardedHashEmbedding
 from gmeta_tf.graph_function import graph_function
@@ -173,7 +173,7 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
         fsync_tree(staging)  # durable before an export it replaces is let go
         replace_dir(staging, path, lambda old: _check_replaceable(Path(old)))
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        release_staging(staging)  # given up: removed; moved into place: its lock let go
     log.info("exported %s with signatures %s", path, sorted(signatures))
     return info
 

@@ -308,7 +308,8 @@ def test_a_conversion_killed_while_replacing_a_dataset_loses_nothing(tmp_path, k
                           capture_output=True, text=True)
     assert done.returncode == 9, done.stderr
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-"))
-    assert len(left) == kill_at  # the new dataset staged, and the old one set aside
+    # the new dataset staged, the old one set aside, and the killed writer's lock file
+    assert len(left) == kill_at + 1 and sum(n.endswith(".lock") for n in left) == 1
     assert out.exists() == (kill_at == 1)
     # a conversion of another process that still runs is left alone
     live = tmp_path / f".out.tmp-{os.getppid()}@{__import__('socket').gethostname()}.live"

@@ -128,3 +128,88 @@ def test_a_conversion_through_a_link_and_dotdot_lands_where_the_file_system_puts
     assert (tmp_path / "real" / "data" / "manifest.json").exists()
     assert not (tmp_path / "data").exists()
     assert data.Manifest.load(str(out)).files
+
+
+_STAGING_WRITER = """
+import sys
+from gmeta_tf.atomic_file import staging_dir
+staged = staging_dir(sys.argv[1])
+open(staged + "/part", "w").write("half")
+print(staged, flush=True)
+sys.stdin.read()  # runs until killed
+"""
+
+
+def _free_pid() -> int:
+    """A process id no process of this namespace has, from the top of the range."""
+    from gmeta_tf.atomic_file import _running
+
+    with open("/proc/sys/kernel/pid_max") as f:
+        top = int(f.read()) - 1
+    return next(p for p in range(top, 300, -1) if not _running(p))
+
+
+def test_a_write_in_another_process_id_namespace_is_left_while_it_runs(tmp_path):
+    """A writer in a container that shares this host name but not its process ids (run here
+    for real under ``unshare --pid``) names its staging directory after an id that is no
+    process of this namespace: its lock, not its id, says it runs. Tidying leaves it while
+    it runs, and clears it and its lock file once it is killed."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from gmeta_tf.atomic_file import _running, tidy_staging
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a process-id namespace needs root and unshare")
+    pid = _free_pid()
+    target = tmp_path / "out"
+    # the namespace's next process gets id pid: the writer's id there, no process's here
+    writer = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
+         f'echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "$0" -c "$1" "$2"',
+         sys.executable, _STAGING_WRITER, str(target)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        staged = writer.stdout.readline().strip()
+        assert staged, "the writer printed no staging directory"
+        assert os.path.basename(staged).startswith(f".out.tmp-{pid}@")
+        assert not _running(pid)  # read by its id alone, it would be taken as killed
+        tidy_staging(target, "a conversion")
+        assert os.path.isdir(staged) and os.path.exists(staged + ".lock")
+    finally:
+        os.killpg(writer.pid, signal.SIGKILL)
+        writer.wait()
+    # the namespace's processes die with its first; the kernel lets the lock go as the
+    # writer's files close
+    for _ in range(100):
+        tidy_staging(target, "a conversion")
+        if not os.path.exists(staged):
+            break
+        time.sleep(0.05)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lock_file_left_by_a_write_killed_after_its_move_is_removed(tmp_path):
+    """A write killed after its staging directory moved into place, before it let its lock
+    go, leaves only the lock file: the next write's tidying removes it, and a staged write
+    that ends lets its lock go and removes its file."""
+    import os
+    import socket
+    import subprocess
+
+    from gmeta_tf.atomic_file import replace_dir, staging_dir, tidy_staging
+
+    staged = staging_dir(tmp_path / "out")
+    assert os.path.exists(staged + ".lock")
+    replace_dir(staged, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = tmp_path / f".out.tmp-{gone.pid}@{socket.gethostname()}.k1.lock"
+    orphan.write_text("")
+    tidy_staging(tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
