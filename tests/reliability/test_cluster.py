@@ -21,6 +21,9 @@ import tensorflow as tf
 from gmeta_tf import checkpoint, ops
 from gmeta_tf.config import load_config
 from gmeta_tf.local_cluster import INTERFACE, LocalCluster
+from gmeta_tf.training.cold_start import restore_models
+from gmeta_tf.training.dense_scaling import fit_dense_scaling
+from gmeta_tf.training.model_builder import build_models
 from tests.reliability.launch import HOROVODRUN, PROJECT_ROOT, Job, environment, horovodrun, \
     wait_for
 from tests.reliability.weights import assert_same_weights, merged_tables
@@ -256,3 +259,15 @@ def test_elastic_two_to_one_to_two_hosts_as_the_readme_runs_it(cluster, tiny_pip
     for name, fields in one_rank_rows.items():
         missing = np.setdiff1d(fields["ids"], rows[name]["ids"])
         assert missing.size == 0, f"{name}: rows of {one_rank_commit.name} lost: {missing[:10]}"
+    # The dense input's scaling, fitted when the run started, went through the resets and
+    # the rejoined host (which started from a commit and fitted nothing) unchanged: the
+    # one a single process fits on the whole training split.
+    config = load_config(str(tiny_pipeline), [f"run_dir={run}"])
+    fitted = build_models(config)
+    fit_dense_scaling(fitted, config)
+    restored, _ = restore_models(config, str(final))
+    assert float(fitted.model.tower.dense_scale.numpy()[0]) != 1.0  # really fitted
+    for name in ("dense_shift", "dense_scale"):
+        np.testing.assert_allclose(getattr(restored.model.tower, name).numpy(),
+                                   getattr(fitted.model.tower, name).numpy(), rtol=1e-6,
+                                   err_msg=name)
