@@ -216,9 +216,11 @@ class ModelConfig:
     value minus its mean over the training rows, over their standard deviation (a z-score;
     a constant input is only shifted): ``auto`` (default) scales an input whose training
     values reach beyond +-``DENSE_AUTO_LIMIT`` (a raw count, a price, a time stamp such as
-    an hour written 14102100) and leaves inputs already on a small scale (a logarithm of a
-    count, an age) as they are; ``standard`` scales every one; ``none`` reads them as
-    stored. The means and deviations are fitted when training starts, kept in the
+    an hour written 14102100), the signed logarithm ``sign(x) log(1 + |x|)`` of those with
+    a long tail (the largest value more than ``DENSE_TAIL_LIMIT`` standard deviations from
+    the mean: a count, a price), and leaves inputs already on a small scale (a logarithm of
+    a count, an age) as they are; ``standard`` standardises every one as it is, ``log``
+    every one's logarithm; ``none`` reads them as stored. The means and deviations are fitted when training starts, kept in the
     checkpoint and the export (a server scales as training did), and the logistic
     regression reference reads the inputs scaled the same way (``dense_scaling``).
     """
@@ -241,7 +243,7 @@ class ModelConfig:
     seed: int = 0
     members: int = field(1, min=1)
     start_from_linear: bool = False
-    dense_scaling: Literal["auto", "standard", "none"] = "auto"
+    dense_scaling: Literal["auto", "standard", "log", "none"] = "auto"
 
     @property
     def table_dim(self) -> int:

@@ -78,12 +78,12 @@ class EnsembleTower(Tower):
         return {member_prefix(i) + name: v
                 for i, m in enumerate(self.members) for name, v in m.params().items()}
 
-    def set_dense_scaling(self, shift, scale) -> None:
-        """Sets every member's dense inputs' shift and scale (and the ensemble's own, kept
+    def set_dense_scaling(self, shift, scale, logged=None) -> None:
+        """Sets every member's dense inputs' scaling (and the ensemble's own, kept
         alike)."""
-        super().set_dense_scaling(shift, scale)
+        super().set_dense_scaling(shift, scale, logged)
         for m in self.members:
-            m.set_dense_scaling(shift, scale)
+            m.set_dense_scaling(shift, scale, logged)
 
     def dense_scaling_variables(self) -> list[tf.Variable]:
         return super().dense_scaling_variables() + [

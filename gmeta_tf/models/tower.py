@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from gmeta_tf.models.dense_stack import Params
@@ -59,10 +60,12 @@ class Tower(tf.keras.layers.Layer):
         self.seed = int(seed)
         self.linear = bool(linear)
         self._params: dict[str, tf.Variable] = {}
-        #: The dense inputs' shift and scale (``set_dense_scaling``; not trained, not
-        #: adapted): the tower reads ``(x - shift) * scale``. Identity until set.
+        #: The dense inputs' scaling (``set_dense_scaling``; not trained, not adapted): the
+        #: tower reads ``(x - shift) * scale``, ``x`` first taken to its signed logarithm
+        #: ``sign(x) log(1 + |x|)`` where ``dense_log`` is 1. Identity until set.
         self.dense_shift: tf.Variable | None = None
         self.dense_scale: tf.Variable | None = None
+        self.dense_log: tf.Variable | None = None
         self.prior: LabelPrior | None = None
         self.prior_blend: tf.Variable | None = None
 
@@ -95,6 +98,9 @@ class Tower(tf.keras.layers.Layer):
                                                    initializer="zeros", trainable=False)
                 self.dense_scale = self.add_weight(name="dense/scale", shape=[self.dense_width],
                                                    initializer="ones", trainable=False)
+                # zeros: a checkpoint from before it restores with no input logged
+                self.dense_log = self.add_weight(name="dense/log", shape=[self.dense_width],
+                                                 initializer="zeros", trainable=False)
             self._params = self._create_weights()
             if self.prior is not None:
                 self._params[PRIOR_SCALE] = self.add_weight(name=PRIOR_SCALE, shape=[],
@@ -107,18 +113,23 @@ class Tower(tf.keras.layers.Layer):
     def _create_weights(self) -> dict[str, tf.Variable]:
         raise NotImplementedError
 
-    def set_dense_scaling(self, shift, scale) -> None:
-        """Sets the dense inputs' shift and scale (each ``[dense_width]``; builds if
+    def set_dense_scaling(self, shift, scale, logged=None) -> None:
+        """Sets the dense inputs' shift and scale and which inputs are read as their signed
+        logarithm first (each ``[dense_width]``; ``logged`` None: none; builds if
         needed)."""
         if not self.built:
             self.build(None)
         self.dense_shift.assign(tf.constant(shift, tf.float32))
         self.dense_scale.assign(tf.constant(scale, tf.float32))
+        self.dense_log.assign(tf.constant(
+            np.zeros(self.dense_width) if logged is None else np.asarray(logged, np.float64),
+            tf.float32))
 
     def dense_scaling_variables(self) -> list[tf.Variable]:
         """The variables of the dense inputs' scaling (none without dense inputs): what a
         SavedModel of the tower must hold besides ``params``."""
-        return [v for v in (self.dense_shift, self.dense_scale) if v is not None]
+        return [v for v in (self.dense_shift, self.dense_scale, self.dense_log)
+                if v is not None]
 
     def params(self) -> dict[str, tf.Variable]:
         """Parameter name -> the tower's variable, in a fixed order (builds if needed)."""
@@ -193,7 +204,9 @@ class Tower(tf.keras.layers.Layer):
             parts.append(x[..., None] if width == 1 else x)
         if not parts:
             return None
-        return (tf.concat(parts, axis=-1) - self.dense_shift) * self.dense_scale
+        x = tf.concat(parts, axis=-1)
+        x = tf.where(self.dense_log > 0, tf.sign(x) * tf.math.log1p(tf.abs(x)), x)
+        return (x - self.dense_shift) * self.dense_scale
 
     def get_config(self) -> dict:
         config = super().get_config()

@@ -6,14 +6,20 @@ or diverges on such values, and so does the logistic regression reference, which
 by the same kind of step. When a run starts, each dense input's mean and standard
 deviation over every row of the training split are fitted (on every rank alike, from the
 whole split) and set in every tower of the pipeline (``Tower.set_dense_scaling``): the
-tower reads ``(x - mean) / std``. They are tower weights that are neither trained nor
-adapted, so checkpoints, ``gmeta eval`` and the SavedModel keep them, and a server scales
-a request as training did. ``gmeta eval``'s logistic regression reads the inputs scaled
-the same way (``evaluation.reference_data``).
+tower reads ``(x - mean) / std``. An input with a long tail (a count, a price: its largest
+value many standard deviations out) is read as its signed logarithm ``sign(x) log(1 +
+|x|)`` first, with the mean and deviation of that: standardised as they are, most of its
+values would sit in a sliver near the mean, a few far out. They are tower weights that
+are neither trained nor adapted, so checkpoints, ``gmeta eval`` and the SavedModel keep
+them, and a server scales a request as training did. ``gmeta eval``'s logistic
+regression reads the inputs scaled the same way (``evaluation.reference_data``).
 
 ``auto`` scales only an input whose training values reach beyond +-``DENSE_AUTO_LIMIT``,
 leaving inputs already on a small scale (a logarithm of a count, as the Criteo source
-writes them; an age) as they are; ``standard`` scales every input; ``none`` none.
+writes them; an age) as they are, and takes the logarithm of those among them whose
+largest value lies more than ``DENSE_TAIL_LIMIT`` standard deviations from their mean;
+``standard`` standardises every input as it is, ``log`` every input's logarithm,
+``none`` reads them as stored.
 """
 
 from __future__ import annotations
@@ -32,55 +38,105 @@ log = logging.getLogger(__name__)
 #: Under ``auto``, an input whose training values reach beyond this (either sign) is
 #: scaled.
 DENSE_AUTO_LIMIT = 100.0
+#: Under ``auto``, a scaled input whose largest value lies more than this many standard
+#: deviations from its mean is read as its logarithm: a long tail. Standardised normal
+#: values stay within about 6 over a billion rows, uniform ones within 1.8; the Criteo
+#: sample's raw counts reach 10-64.
+DENSE_TAIL_LIMIT = 10.0
 _ROWS_PER_READ = 4096
 
 
-def dense_scaling(values: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
-    """The shift and scale ``[width]`` of dense values ``[rows, width]`` under ``mode``
-    (``ModelConfig.dense_scaling``; see ``scaling_of``)."""
+def signed_log(x: np.ndarray) -> np.ndarray:
+    """``sign(x) log(1 + |x|)``: monotone, 0 at 0, a count's order of magnitude."""
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+def dense_scaling(values: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shift, scale and log flags ``[width]`` of dense values ``[rows, width]`` under
+    ``mode`` (``ModelConfig.dense_scaling``; see ``scaling_of``)."""
     moments = _Moments(np.asarray(values).shape[1])
     moments.add(values)
     return scaling_of(moments, mode)
 
 
-def scaling_of(moments: "_Moments", mode: str) -> tuple[np.ndarray, np.ndarray]:
-    """The shift and scale of inputs with these moments under ``mode``: each input scaled
-    is shifted by its mean and scaled by one over its standard deviation (a constant
-    input: shifted only); the others are left (shift 0, scale 1)."""
-    width = len(moments.mean)
+def scaling_of(moments: "_Moments", mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shift, scale and log flags (1: read as its signed logarithm first) of inputs
+    with these moments under ``mode``: each input scaled is shifted by its mean and scaled
+    by one over its standard deviation (a constant input: shifted only), both of its
+    logarithm where flagged; the others are left (shift 0, scale 1, flag 0)."""
+    width = len(moments.raw.mean)
     if mode == "none" or not moments.count:
-        return np.zeros(width), np.ones(width)
-    scaled = (np.ones(width, bool) if mode == "standard"
-              else moments.largest > DENSE_AUTO_LIMIT)
-    std = moments.std
-    shift = np.where(scaled, moments.mean, 0.0)
+        return np.zeros(width), np.ones(width), np.zeros(width)
+    if mode in ("standard", "log"):
+        scaled = np.ones(width, bool)
+        logged = np.full(width, mode == "log")
+    else:
+        scaled = moments.largest > DENSE_AUTO_LIMIT
+        logged = scaled & (moments.tail > DENSE_TAIL_LIMIT)
+    mean = np.where(logged, moments.logged.mean, moments.raw.mean)
+    std = np.where(logged, moments.logged.std, moments.raw.std)
+    shift = np.where(scaled, mean, 0.0)
     scale = np.where(scaled & (std > 0), 1.0 / np.where(std > 0, std, 1.0), 1.0)
-    return shift, scale
+    return shift, scale, logged.astype(np.float64)
 
 
-class _Moments:
-    """Count, mean, spread and largest absolute value of dense inputs ``[width]``, merged
-    batch by batch (Chan, Golub and LeVeque's pairwise update): memory per input, not per
-    row, and the same on every rank, as the batches come in file order."""
+class _Spread:
+    """Count, mean and spread ``[width]``, merged batch by batch (Chan, Golub and
+    LeVeque's pairwise update)."""
 
     def __init__(self, width: int) -> None:
         self.count = 0
-        self.mean, self.m2, self.largest = np.zeros(width), np.zeros(width), np.zeros(width)
+        self.mean, self.m2 = np.zeros(width), np.zeros(width)
 
-    def add(self, values: np.ndarray) -> None:
-        x = np.asarray(values, np.float64)
-        if not len(x):
-            return
+    def add(self, x: np.ndarray) -> None:
         n, mean = len(x), x.mean(axis=0)
         delta, total = mean - self.mean, self.count + n
         self.m2 += ((x - mean) ** 2).sum(axis=0) + delta ** 2 * self.count * n / total
         self.mean += delta * n / total
         self.count = total
-        self.largest = np.maximum(self.largest, np.abs(x).max(axis=0))
 
     @property
     def std(self) -> np.ndarray:
         return np.sqrt(self.m2 / max(self.count, 1))
+
+
+class _Moments:
+    """What the scaling of dense inputs ``[width]`` is chosen from, merged batch by batch:
+    the mean and spread of the values and of their signed logarithms, and their least and
+    largest values. Memory per input, not per row, and the same on every rank, as the
+    batches come in file order."""
+
+    def __init__(self, width: int) -> None:
+        self.raw, self.logged = _Spread(width), _Spread(width)
+        self.low, self.high = np.full(width, np.inf), np.full(width, -np.inf)
+
+    def add(self, values: np.ndarray) -> None:
+        x = np.asarray(values, np.float64)
+        if not len(x):
+            return
+        self.raw.add(x)
+        self.logged.add(signed_log(x))
+        self.low, self.high = np.minimum(self.low, x.min(axis=0)), np.maximum(self.high,
+                                                                              x.max(axis=0))
+
+    @property
+    def count(self) -> int:
+        return self.raw.count
+
+    @property
+    def largest(self) -> np.ndarray:
+        """The largest absolute value of each input."""
+        if not self.count:
+            return np.zeros_like(self.low)
+        return np.maximum(np.abs(self.low), np.abs(self.high))
+
+    @property
+    def tail(self) -> np.ndarray:
+        """How many standard deviations each input's farthest value lies from its mean
+        (0 for a constant input)."""
+        far = np.maximum(self.high - self.raw.mean, self.raw.mean - self.low)
+        std = self.raw.std
+        return np.where(std > 0, far / np.where(std > 0, std, 1.0), 0.0)
 
 
 def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
@@ -102,15 +158,18 @@ def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
                             f"the training split, expected finite numbers (a converted "
                             f"dataset holds 0.0 for a missing value)")
         moments.add(values)
-    shift, scale = scaling_of(moments, mode)
+    shift, scale, logged = scaling_of(moments, mode)
     towers = [models.model.tower] + ([models.baseline.tower] if models.baseline else [])
     for tower in towers:
-        tower.set_dense_scaling(shift, scale)
+        tower.set_dense_scaling(shift, scale, logged)
     labels = [f"{name}[{i}]" if width > 1 else name
               for name, width in dense.items() for i in range(width)]
-    described = [f"{label} (mean {m:.6g}, " + (f"std {s:.6g})" if s > 0 else "constant)")
-                 for label, m, s, on in zip(labels, moments.mean, moments.std,
-                                            (shift != 0) | (scale != 1)) if on]
+    spreads = [(moments.logged if lg else moments.raw) for lg in logged]
+    described = [f"{label} (" + ("signed log: " if lg else "") + f"mean {sp.mean[i]:.6g}, "
+                 + (f"std {sp.std[i]:.6g})" if sp.std[i] > 0 else "constant)")
+                 for i, (label, lg, sp, on) in enumerate(zip(
+                     labels, logged, spreads, (shift != 0) | (scale != 1) | (logged > 0)))
+                 if on]
     if described:
         log.info("dense inputs scaled to unit size (model.dense_scaling: %s) over %d "
                  "training rows: %s", mode, moments.count, ", ".join(described))

@@ -654,12 +654,12 @@ def reference_data(config: PipelineConfig, models: Models) -> ReferenceData:
         candidates = tuple(f for f in tower_sparse_features(model)
                            if f not in config.meta.adapt_embeddings)
     tower = models.model.tower
-    shift, scale = ((), ()) if tower.dense_shift is None else (
-        tuple(float(v) for v in tower.dense_shift.numpy()),
-        tuple(float(v) for v in tower.dense_scale.numpy()))
+    shift, scale, logged = ((), (), ()) if tower.dense_shift is None else (
+        tuple(float(v) for v in v.numpy())
+        for v in (tower.dense_shift, tower.dense_scale, tower.dense_log))
     return ReferenceData(models.model.head.kind, models.model.head.label, candidates,
                          tuple(tower_sparse_features(model)), tuple(model.dense_features),
-                         dense_shift=shift, dense_scale=scale)
+                         dense_shift=shift, dense_scale=scale, dense_log=logged)
 
 
 def comparison(models: Models, config: PipelineConfig, split: str | None = None,

@@ -103,10 +103,12 @@ class ReferenceData:
     sparse: tuple[str, ...]        # sparse / multi-hot features of the linear model
     dense: tuple[str, ...] = ()    # dense features of the linear model
     feature: str = ""              # the chosen candidate (set by fit_references)
-    # the dense inputs' shift and scale, over their concatenated width, as the tower's
-    # (``Tower.set_dense_scaling``): the linear model reads (x - shift) * scale
+    # the dense inputs' scaling, over their concatenated width, as the tower's
+    # (``Tower.set_dense_scaling``): the linear model reads (x - shift) * scale, x first
+    # taken to sign(x) log(1 + |x|) where dense_log is 1
     dense_shift: tuple[float, ...] = ()
     dense_scale: tuple[float, ...] = ()
+    dense_log: tuple[float, ...] = ()
 
 
 def rows_of(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
@@ -282,6 +284,9 @@ class LinearModel:
                  for n in self.data.dense]
         n = len(ids[0]) if ids else len(dense[0])
         dense = np.concatenate(dense, axis=1) if dense else np.zeros((n, 0))
+        if self.data.dense_log:
+            dense = np.where(np.asarray(self.data.dense_log) > 0,
+                             np.sign(dense) * np.log1p(np.abs(dense)), dense)
         if self.data.dense_shift:
             dense = ((dense - np.asarray(self.data.dense_shift))
                      * np.asarray(self.data.dense_scale))

@@ -22,34 +22,53 @@ import yaml
 from gmeta_tf.cli import main
 from gmeta_tf.config import load_config
 from gmeta_tf.training.cold_start import restore_models
-from gmeta_tf.training.dense_scaling import DENSE_AUTO_LIMIT, _Moments, dense_scaling
+from gmeta_tf.training.dense_scaling import (DENSE_AUTO_LIMIT, DENSE_TAIL_LIMIT, _Moments,
+                                             dense_scaling, signed_log)
 from gmeta_tf.training.evaluation import row_batches
 
 
 def test_auto_scales_the_inputs_beyond_the_limit_and_standard_every_one():
     rng = np.random.default_rng(0)
+    views = np.floor(rng.lognormal(3, 2, 500))  # a count with a long tail
     values = np.stack([14102100 + rng.integers(0, 24, 500),   # an hour stamp
                        rng.uniform(0, 5, 500),                   # already small
-                       np.full(500, 3e5)], axis=1)               # large and constant
-    shift, scale = dense_scaling(values, "auto")
-    np.testing.assert_allclose(shift, [values[:, 0].mean(), 0.0, 3e5])
-    np.testing.assert_allclose(scale, [1 / values[:, 0].std(), 1.0, 1.0])
-    scaled = (values - shift) * scale
-    assert abs(scaled[:, 0].mean()) < 1e-6 and abs(scaled[:, 0].std() - 1) < 1e-6
+                       np.full(500, 3e5),                        # large and constant
+                       views], axis=1)
+    assert views.max() > DENSE_AUTO_LIMIT
+    assert (views.max() - views.mean()) / views.std() > DENSE_TAIL_LIMIT
+    shift, scale, logged = dense_scaling(values, "auto")
+    np.testing.assert_array_equal(logged, [0, 0, 0, 1])  # the count only: its tail
+    log_views = np.log1p(views)
+    np.testing.assert_allclose(shift, [values[:, 0].mean(), 0.0, 3e5, log_views.mean()])
+    np.testing.assert_allclose(scale, [1 / values[:, 0].std(), 1.0, 1.0, 1 / log_views.std()])
+    read = np.where(logged > 0, signed_log(values), values)
+    scaled = (read - shift) * scale
+    for column in (0, 3):
+        assert abs(scaled[:, column].mean()) < 1e-6 and abs(scaled[:, column].std() - 1) < 1e-6
     assert not scaled[:, 2].any()  # a constant input: shifted to 0, not divided by 0
-    shift, scale = dense_scaling(values, "standard")
+    # standardised as it is, the count's values would sit near the mean, a few far out
+    assert ((views - views.mean()) / views.std()).max() > 10 > np.abs(scaled[:, 3]).max()
+    shift, scale, logged = dense_scaling(values, "standard")
     np.testing.assert_allclose(shift, values.mean(axis=0))
     np.testing.assert_allclose(scale[:2], 1 / values[:, :2].std(axis=0))
-    shift, scale = dense_scaling(values, "none")
-    assert not shift.any() and (scale == 1).all()
-    assert DENSE_AUTO_LIMIT == 100.0
+    assert not logged.any()
+    shift, scale, logged = dense_scaling(values, "log")
+    assert logged.all()
+    np.testing.assert_allclose(shift, signed_log(values).mean(axis=0))
+    shift, scale, logged = dense_scaling(values, "none")
+    assert not shift.any() and (scale == 1).all() and not logged.any()
+    # a negative value keeps its sign: -1 and 1 stay apart, 0 stays 0
+    np.testing.assert_allclose(signed_log(np.array([-1.0, 0.0, 1.0, 1e6])),
+                               [-np.log(2), 0.0, np.log(2), np.log1p(1e6)])
     # merged batch by batch (as the fit reads the training split), the moments are the
     # whole array's
-    moments = _Moments(3)
+    moments = _Moments(4)
     for part in np.array_split(values, [1, 7, 300]):
         moments.add(part)
-    np.testing.assert_allclose(moments.mean, values.mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(moments.std, values.std(axis=0), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(moments.raw.mean, values.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(moments.raw.std, values.std(axis=0), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(moments.logged.std, signed_log(values).std(axis=0),
+                               rtol=1e-9, atol=1e-9)
     np.testing.assert_array_equal(moments.largest, np.abs(values).max(axis=0))
     assert moments.count == 500
 
@@ -58,11 +77,12 @@ def _write_log(path: Path, n: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     hour = rng.integers(0, 24, n)
     site = rng.integers(0, 20, n)
-    p = 1 / (1 + np.exp(-(hour - 11.5) / 3))
+    views = np.floor(rng.lognormal(3, 2, n)).astype(int)  # a count with a long tail
+    p = 1 / (1 + np.exp(-(hour - 11.5) / 3 - (np.log1p(views) - 3) / 2))
     click = (rng.random(n) < p).astype(int)
-    lines = ["click,site_id,hour,banner"] + [
-        f"{c},s{s},{14102100 + h},{b:.3f}"
-        for c, s, h, b in zip(click, site, hour, rng.uniform(0, 2, n))]
+    lines = ["click,site_id,hour,banner,views"] + [
+        f"{c},s{s},{14102100 + h},{b:.3f},{v}"
+        for c, s, h, b, v in zip(click, site, hour, rng.uniform(0, 2, n), views)]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -76,13 +96,13 @@ def trained(tmp_path_factory):
         "data": {"source": "csv", "raw": str(root / "clicks.csv"),
                  "path": str(root / "run" / "data"),
                  "mapping": {"label": "click", "label_range": [0, 1], "sparse": ["site_id"],
-                             "dense": ["hour", "banner"]},
+                             "dense": ["hour", "banner", "views"]},
                  "split": {"warm_fraction": 1.0, "valid_fraction": 0.2, "query_size": 0,
                            "min_rows": 1},
                  "batch_size": 64},
         "model": {"tower": "dlrm", "embedding_dim": 4,
                   "tables": {"categorical": {"features": ["site_id"]}},
-                  "dense_features": {"hour": 1, "banner": 1}, "bottom_units": [8],
+                  "dense_features": {"hour": 1, "banner": 1, "views": 1}, "bottom_units": [8],
                   "top_units": [8], "head": {"kind": "binary", "label": "label"},
                   "start_from_linear": True},
         "meta": {"enabled": False},
@@ -101,6 +121,7 @@ def test_training_scales_the_hour_and_eval_and_export_read_it_scaled(trained, ca
     fitted = [line for line in capfd.readouterr().err.splitlines()
               if "dense inputs scaled" in line]
     assert len(fitted) == 1 and "hour (mean 1.41021e+07, std 6.9" in fitted[0]
+    assert "views (signed log: mean 3.16" in fitted[0]  # a long tail: its logarithm
     assert "banner" not in fitted[0]  # on a small scale already: read as stored
     config = load_config(str(trained))
     summary = json.loads(Path(config.run_dir, "train_summary.json").read_text())
@@ -117,9 +138,11 @@ def test_training_scales_the_hour_and_eval_and_export_read_it_scaled(trained, ca
     assert main(["export", "--config", str(trained)]) == 0
     models, manifest = restore_models(config)
     tower = models.model.tower
-    hour, banner = (list(config.model.dense_features).index(n) for n in ("hour", "banner"))
+    hour, banner, views = (list(config.model.dense_features).index(n)
+                           for n in ("hour", "banner", "views"))
     shift, scale = tower.dense_shift.numpy(), tower.dense_scale.numpy()
     assert shift[banner] == 0 and scale[banner] == 1
+    np.testing.assert_array_equal(tower.dense_log.numpy()[[hour, banner, views]], [0, 0, 1])
     assert abs(shift[hour] - 14102111.5) < 1.0 and abs(1 / scale[hour] - 6.92) < 0.2
     batch = next(iter(row_batches(config, config.train.validation_split)))
     exported = tf.saved_model.load(str(Path(config.export.dir, str(manifest["step"]))))
