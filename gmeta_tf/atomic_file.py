@@ -16,9 +16,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import secrets
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -90,32 +90,45 @@ def _staging_prefix(target: str) -> str:
 def staging_dir(target: str | os.PathLike) -> str:
     """A new, empty hidden directory beside ``target``
     (``.<name>.tmp-<pid>@<host>.<random>``) to write it in before ``replace_dir``; the
-    parent is made if needed. The process holds a lock on ``<staging>.lock`` until
-    ``release_staging``: while it does, no ``tidy_staging`` takes it for a killed write."""
+    parent is made if needed. Its lock file, ``<staging>.lock``, is made and locked before
+    the directory, and held until ``release_staging``: no ``tidy_staging`` takes it for a
+    killed write meanwhile (on a file system without locks, none is made and its process id
+    tells)."""
     # made as the file system reads the path (not abspath's lexical link/..)
     os.makedirs(os.path.dirname(_joined(target)), exist_ok=True)
     target = physical_path(target)
-    parent = os.path.dirname(target)
-    path = tempfile.mkdtemp(
-        prefix=f"{_staging_prefix(target)}{os.getpid()}@{socket.gethostname()}.", dir=parent)
-    try:
-        fd = os.open(path + _LOCK_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        _held_locks[path] = fd
-    except OSError as e:  # a file system without locks: the process id tells, as before
-        os.close(fd)
-        os.unlink(path + _LOCK_SUFFIX)
-        log.debug("no lock beside %s (%s): its process id says whether it runs", path, e)
-    # mkdtemp makes it 0700; renamed into place it is read by others (a model server
-    # running as another user): the mode a new directory gets under the process's umask
-    umask = os.umask(0o022)
-    os.umask(umask)
-    os.chmod(path, 0o777 & ~umask)
-    return path
+    prefix = os.path.join(os.path.dirname(target), f"{_staging_prefix(target)}{os.getpid()}@"
+                                                   f"{socket.gethostname()}.")
+    for _ in range(100):
+        path = prefix + secrets.token_hex(4)
+        try:
+            fd = os.open(path + _LOCK_SUFFIX,
+                         os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:  # a file system without locks: the process id tells
+                os.close(fd)
+                fd = -1
+                os.unlink(path + _LOCK_SUFFIX)
+                log.debug("no lock beside %s (%s): its process id says whether it runs",
+                          path, e)
+            # read by others once in place (a model server running as another user): the
+            # mode a new directory gets under the process's umask
+            os.mkdir(path)
+        except BaseException as e:
+            if fd >= 0:
+                os.unlink(path + _LOCK_SUFFIX)
+                os.close(fd)
+            if isinstance(e, FileExistsError):  # a name left by an older scheme
+                continue
+            raise
+        if fd >= 0:
+            _held_locks[path] = fd
+        return path
+    raise FileExistsError(f"no free staging name beside {target} after 100 tries")
 
 
 def release_staging(staging: str | os.PathLike) -> None:
@@ -195,10 +208,10 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
             for name in sorted(owned, key=lambda n: not n.endswith(".old")):
                 if not name.endswith(_LOCK_SUFFIX):
                     _tidy_one(os.path.join(parent, name), target, what, pid)
-            try:
+            if lock >= 0:  # held: the file is the killed write's, not a new one's
                 os.unlink(os.path.join(parent, prefix + owner + _LOCK_SUFFIX))
-            except FileNotFoundError:
-                pass
+        except FileNotFoundError:
+            pass
         finally:
             if lock >= 0:
                 os.close(lock)
@@ -207,11 +220,14 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
 def _lock_of_gone_writer(lock_path: str, pid: int) -> int | None:
     """The lock file's descriptor, locked, when the writer that made it is gone (-1: no
     lock file and no process of that id); None while it runs."""
-    try:  # opened for writing: NFS takes an exclusive flock as a write lock
-        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        try:  # for writing where it may: NFS takes an exclusive flock as a write lock
+            fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+        except PermissionError:  # another user's: a local file system locks it read-only
+            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None if _running(pid) else -1
-    except OSError:  # not ours to lock (another user's): left
+    except OSError:  # unreadable: left
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

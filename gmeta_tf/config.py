@@ -217,8 +217,8 @@ class ModelConfig:
     a constant input is only shifted): ``auto`` (default) scales an input whose training
     values reach beyond +-``DENSE_AUTO_LIMIT`` (a raw count, a price, a time stamp such as
     an hour written 14102100), the signed logarithm ``sign(x) log(1 + |x|)`` of those with
-    a long tail (the largest value more than ``DENSE_TAIL_LIMIT`` standard deviations from
-    the mean: a count, a price), and leaves inputs already on a small scale (a logarithm of
+    a long tail (the farthest value more than ``DENSE_TAIL_LIMIT`` standard deviations from
+    the mean, and less than half as far in the logarithm: a count, a price), and leaves inputs already on a small scale (a logarithm of
     a count, an age) as they are; ``standard`` standardises every one as it is, ``log``
     every one's logarithm; ``none`` reads them as stored. The means and deviations are fitted when training starts, kept in the
     checkpoint and the export (a server scales as training did), and the logistic

@@ -2,9 +2,10 @@
 
 Everything goes to a temporary directory beside the target; only ``commit`` moves it into
 place with ``os.replace``, so a converter that fails half way leaves no half-written dataset.
-The temporary directory's name holds the converting process's id and host, so that the
-next conversion into the same place removes what a killed one left and puts back a
-dataset it had set aside to replace (``atomic_file.tidy_staging``).
+The temporary directory's name holds the converting process's id and host, and the
+process holds a lock beside it while it converts, so that the next conversion into the
+same place removes what a killed one left and puts back a dataset it had set aside to
+replace (``atomic_file.tidy_staging``).
 """
 
 from __future__ import annotations

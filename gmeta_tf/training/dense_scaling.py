@@ -17,7 +17,8 @@ regression reads the inputs scaled the same way (``evaluation.reference_data``).
 ``auto`` scales only an input whose training values reach beyond +-``DENSE_AUTO_LIMIT``,
 leaving inputs already on a small scale (a logarithm of a count, as the Criteo source
 writes them; an age) as they are, and takes the logarithm of those among them whose
-largest value lies more than ``DENSE_TAIL_LIMIT`` standard deviations from their mean;
+farthest value lies more than ``DENSE_TAIL_LIMIT`` standard deviations from their mean
+and, in their logarithm, less than half as far;
 ``standard`` standardises every input as it is, ``log`` every input's logarithm,
 ``none`` reads them as stored.
 """
@@ -38,10 +39,11 @@ log = logging.getLogger(__name__)
 #: Under ``auto``, an input whose training values reach beyond this (either sign) is
 #: scaled.
 DENSE_AUTO_LIMIT = 100.0
-#: Under ``auto``, a scaled input whose largest value lies more than this many standard
-#: deviations from its mean is read as its logarithm: a long tail. Standardised normal
-#: values stay within about 6 over a billion rows, uniform ones within 1.8; the Criteo
-#: sample's raw counts reach 10-64.
+#: Under ``auto``, a scaled input whose farthest value lies more than this many standard
+#: deviations from its mean (and less than half as far in its logarithm) is read as its
+#: logarithm: a long tail. Standardised normal values stay within about 6 over a billion
+#: rows, uniform ones within 1.8; the Criteo sample's raw counts beyond 100 reach 20-72
+#: (3-7 in their logarithms).
 DENSE_TAIL_LIMIT = 10.0
 _ROWS_PER_READ = 4096
 
@@ -72,7 +74,11 @@ def scaling_of(moments: "_Moments", mode: str) -> tuple[np.ndarray, np.ndarray, 
         logged = np.full(width, mode == "log")
     else:
         scaled = moments.largest > DENSE_AUTO_LIMIT
-        logged = scaled & (moments.tail > DENSE_TAIL_LIMIT)
+        # a long tail the logarithm draws in: not a few far values of another kind, such
+        # as a missing hour stored as 0 among stamps of 14102100 (as far out either way,
+        # and the logarithm of the stamps would lose their differences in float32)
+        logged = scaled & (moments.tail > DENSE_TAIL_LIMIT) & (
+            moments.logged_tail * 2 < moments.tail)
     mean = np.where(logged, moments.logged.mean, moments.raw.mean)
     std = np.where(logged, moments.logged.std, moments.raw.std)
     shift = np.where(scaled, mean, 0.0)
@@ -134,9 +140,18 @@ class _Moments:
     def tail(self) -> np.ndarray:
         """How many standard deviations each input's farthest value lies from its mean
         (0 for a constant input)."""
-        far = np.maximum(self.high - self.raw.mean, self.raw.mean - self.low)
-        std = self.raw.std
-        return np.where(std > 0, far / np.where(std > 0, std, 1.0), 0.0)
+        return _farthest(self.low, self.high, self.raw)
+
+    @property
+    def logged_tail(self) -> np.ndarray:
+        """``tail`` of the inputs' signed logarithms."""
+        return _farthest(signed_log(self.low), signed_log(self.high), self.logged)
+
+
+def _farthest(low: np.ndarray, high: np.ndarray, spread: _Spread) -> np.ndarray:
+    far = np.maximum(high - spread.mean, spread.mean - low)
+    std = spread.std
+    return np.where(std > 0, far / np.where(std > 0, std, 1.0), 0.0)
 
 
 def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:

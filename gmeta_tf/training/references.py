@@ -284,9 +284,10 @@ class LinearModel:
                  for n in self.data.dense]
         n = len(ids[0]) if ids else len(dense[0])
         dense = np.concatenate(dense, axis=1) if dense else np.zeros((n, 0))
-        if self.data.dense_log:
+        if self.data.dense_log:  # in float32, as the tower takes it
+            stored = dense.astype(np.float32)
             dense = np.where(np.asarray(self.data.dense_log) > 0,
-                             np.sign(dense) * np.log1p(np.abs(dense)), dense)
+                             np.sign(stored) * np.log1p(np.abs(stored)), dense)
         if self.data.dense_shift:
             dense = ((dense - np.asarray(self.data.dense_shift))
                      * np.asarray(self.data.dense_scale))

@@ -57,6 +57,13 @@ def test_auto_scales_the_inputs_beyond_the_limit_and_standard_every_one():
     np.testing.assert_allclose(shift, signed_log(values).mean(axis=0))
     shift, scale, logged = dense_scaling(values, "none")
     assert not shift.any() and (scale == 1).all() and not logged.any()
+    # a few missing hours stored as 0 put the stamps' zeros 180 deviations out, but their
+    # logarithm draws nothing in (and would lose the hours' differences in float32): not
+    # logged
+    stamps = 14102100.0 + rng.integers(0, 24, 100_000)
+    stamps[:3] = 0.0
+    shift, scale, logged = dense_scaling(stamps[:, None], "auto")
+    assert not logged.any() and scale[0] != 1
     # a negative value keeps its sign: -1 and 1 stay apart, 0 stays 0
     np.testing.assert_allclose(signed_log(np.array([-1.0, 0.0, 1.0, 1e6])),
                                [-np.log(2), 0.0, np.log(2), np.log1p(1e6)])

@@ -19,9 +19,10 @@ TINY_PIPELINE = {
               "tables": {"user": {"features": ["user_id", "age"], "learning_rate": 0.2},
                          "item": {"features": ["item_id", "category", "genres"],
                                   "learning_rate": 0.2}},
-              # the generated price through the tower, scaled from the training split
-              # (fitted at a fresh start, restored with every commit and checkpoint)
-              "dense_features": {"price": 1}, "dense_scaling": "standard",
+              # the generated price through the tower, its logarithm scaled from the
+              # training split (fitted at a fresh start, restored with every commit and
+              # checkpoint)
+              "dense_features": {"price": 1}, "dense_scaling": "log",
               "bottom_units": [8], "top_units": [8]},
     "meta": {"enabled": True, "algorithm": "maml", "inner_steps": 1, "inner_lr": 0.5,
              "fast_weights": ["top"]},

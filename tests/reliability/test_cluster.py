@@ -267,7 +267,8 @@ def test_elastic_two_to_one_to_two_hosts_as_the_readme_runs_it(cluster, tiny_pip
     fit_dense_scaling(fitted, config)
     restored, _ = restore_models(config, str(final))
     assert float(fitted.model.tower.dense_scale.numpy()[0]) != 1.0  # really fitted
-    for name in ("dense_shift", "dense_scale"):
+    assert float(fitted.model.tower.dense_log.numpy()[0]) == 1.0
+    for name in ("dense_shift", "dense_scale", "dense_log"):
         np.testing.assert_allclose(getattr(restored.model.tower, name).numpy(),
                                    getattr(fitted.model.tower, name).numpy(), rtol=1e-6,
                                    err_msg=name)
