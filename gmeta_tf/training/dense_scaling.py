@@ -4,8 +4,9 @@ A dense input read as stored can be any size: a raw count, a price, an hour writ
 14102100. A network's first layer, initialised for inputs of about unit size, saturates
 or diverges on such values, and so does the logistic regression reference, which trains
 by the same kind of step. When a run starts, each dense input's mean and standard
-deviation over every row of the training split are fitted (on every rank alike, from the
-whole split) and set in every tower of the pipeline (``Tower.set_dense_scaling``): the
+deviation over every row of the training split are fitted (each rank reads its shard, and
+the moments are merged over the ranks: the same values on every rank) and set in every
+tower of the pipeline (``Tower.set_dense_scaling``): the
 tower reads ``(x - mean) / std``. An input with a long tail (a count, a price: its largest
 value many standard deviations out) is read as its signed logarithm ``sign(x) log(1 +
 |x|)`` first, with the mean and deviation of that: standardised as they are, most of its
@@ -29,6 +30,7 @@ import logging
 
 import numpy as np
 
+from gmeta_tf import distributed
 from gmeta_tf.config import PipelineConfig
 from gmeta_tf.data import DataError
 from gmeta_tf.training.evaluation import split_dataset
@@ -95,9 +97,15 @@ class _Spread:
         self.mean, self.m2 = np.zeros(width), np.zeros(width)
 
     def add(self, x: np.ndarray) -> None:
-        n, mean = len(x), x.mean(axis=0)
+        mean = x.mean(axis=0)
+        self.merge(len(x), mean, ((x - mean) ** 2).sum(axis=0))
+
+    def merge(self, n: int, mean: np.ndarray, m2: np.ndarray) -> None:
+        """Adds ``n`` values of this mean and spread (sum of squared deviations)."""
+        if not n:
+            return
         delta, total = mean - self.mean, self.count + n
-        self.m2 += ((x - mean) ** 2).sum(axis=0) + delta ** 2 * self.count * n / total
+        self.m2 += m2 + delta ** 2 * self.count * n / total
         self.mean += delta * n / total
         self.count = total
 
@@ -109,8 +117,8 @@ class _Spread:
 class _Moments:
     """What the scaling of dense inputs ``[width]`` is chosen from, merged batch by batch:
     the mean and spread of the values and of their signed logarithms, and their least and
-    largest values. Memory per input, not per row, and the same on every rank, as the
-    batches come in file order."""
+    largest values. Memory per input, not per row; merged over ranks in rank order
+    (``merged_over_ranks``), so every rank holds the same."""
 
     def __init__(self, width: int) -> None:
         self.raw, self.logged = _Spread(width), _Spread(width)
@@ -128,6 +136,25 @@ class _Moments:
     @property
     def count(self) -> int:
         return self.raw.count
+
+    def packed(self) -> np.ndarray:
+        """The moments as one array, for ``merged_over_ranks``."""
+        return np.concatenate([[self.count], self.raw.mean, self.raw.m2, self.logged.mean,
+                               self.logged.m2, self.low, self.high])
+
+    def merged_over_ranks(self) -> "_Moments":
+        """Every rank's moments merged in rank order: the same on every rank (a collective:
+        every rank calls it)."""
+        width = len(self.low)
+        ranks = distributed.allgather(self.packed()).reshape(-1, 1 + 6 * width)
+        out = _Moments(width)
+        for row in ranks:
+            n, parts = int(row[0]), np.split(row[1:], 6)
+            if n:
+                out.raw.merge(n, parts[0], parts[1])
+                out.logged.merge(n, parts[2], parts[3])
+                out.low, out.high = np.minimum(out.low, parts[4]), np.maximum(out.high, parts[5])
+        return out
 
     @property
     def largest(self) -> np.ndarray:
@@ -161,18 +188,27 @@ def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
     mode = config.model.dense_scaling
     if not dense or mode == "none":
         return
-    names = list(dense)
-    moments = _Moments(sum(dense.values()))
-    for batch in split_dataset(config, "warm", features=names, whole=True).rows(_ROWS_PER_READ):
+    names, width = list(dense), sum(dense.values())
+    moments = _Moments(width)
+    bad = np.array([-1.0, 0.0])  # the first input not finite on this rank's rows, its value
+    # each rank reads its shard of the training split; the moments are merged over ranks
+    for batch in split_dataset(config, "warm", features=names).rows(_ROWS_PER_READ):
         n = len(np.asarray(batch[names[0]]))
-        values = np.concatenate([np.asarray(batch[name], np.float64).reshape(n, width)
-                                 for name, width in dense.items()], axis=1)
+        values = np.concatenate([np.asarray(batch[name], np.float64).reshape(n, w)
+                                 for name, w in dense.items()], axis=1)
         if not np.isfinite(values).all():
-            column, value = _first_not_finite(values, dense)
-            raise DataError(f"{config.data.path}: dense feature {column!r} holds {value} on "
+            column = int(np.flatnonzero(~np.isfinite(values).all(axis=0))[0])
+            bad = np.array([column, values[~np.isfinite(values[:, column]), column][0]])
+            break  # refused on every rank alike, after the collective below
+        moments.add(values)
+    found = distributed.allgather(bad).reshape(-1, 2)
+    for column, value in found:
+        if column >= 0:
+            raise DataError(f"{config.data.path}: dense feature "
+                            f"{_feature_of(int(column), dense)!r} holds {float(value)!r} on "
                             f"the training split, expected finite numbers (a converted "
                             f"dataset holds 0.0 for a missing value)")
-        moments.add(values)
+    moments = moments.merged_over_ranks()
     shift, scale, logged = scaling_of(moments, mode)
     towers = [models.model.tower] + ([models.baseline.tower] if models.baseline else [])
     for tower in towers:
@@ -193,12 +229,10 @@ def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
                  "beyond +-%g on the %d training rows", mode, DENSE_AUTO_LIMIT, moments.count)
 
 
-def _first_not_finite(values: np.ndarray, dense: dict) -> tuple[str, str]:
-    """The name of the first dense feature holding a value that is not finite, and it."""
-    column = int(np.flatnonzero(~np.isfinite(values).all(axis=0))[0])
+def _feature_of(column: int, dense: dict) -> str:
+    """The name of the dense feature the ``column``-th input belongs to."""
     for name, width in dense.items():
         if column < width:
-            value = values[~np.isfinite(values[:, column]), column][0]
-            return name, repr(float(value))
+            return name
         column -= width
     raise AssertionError("unreachable")

@@ -80,7 +80,7 @@ class ElasticTrainer(Trainer):
             setup_logging()  # rank 0 of this world logs (it may be another process now)
             start = state.step
             if start == 0:  # a fresh run (a restored commit holds its scaling, or none)
-                fit_dense_scaling(models, config)  # the whole training split, on every rank
+                fit_dense_scaling(models, config)  # the training split, over every rank
             first_start.append(start)
             self.world_sizes.append((start, self.size))
             log.info("elastic: training %s from step %d to %d on %d rank(s)", config.name,

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import tensorflow as tf
 import yaml
@@ -187,3 +188,45 @@ def test_two_ranks_scale_alike_and_score_validation_as_one_process_does(trained,
     rows = {r["name"]: r for r in json.loads((tmp_path / "eval" / "valid.json").read_text())[
         "rows"]}
     np.testing.assert_allclose(rows["ctr model"]["auc"], best["metrics"]["auc"], atol=1e-4)
+
+
+def test_a_dense_value_not_finite_is_refused_naming_the_feature(trained, tmp_path):
+    """A dataset written by other means than the converter (which stores a missing value
+    as 0.0) may hold NaN: the fit refuses it naming the feature and the value, on every
+    rank alike (each reads its shard; the refusal follows the collective)."""
+    import hashlib
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from gmeta_tf.data import DataError
+    from gmeta_tf.training.dense_scaling import fit_dense_scaling
+    from gmeta_tf.training.model_builder import build_models
+
+    assert main(["data", "prepare", "--config", str(trained)]) == 0
+    config = load_config(str(trained))
+    copy = tmp_path / "data"
+    shutil.copytree(config.data.path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    entry = next(f for f in manifest["files"] if f["split"] == "warm")
+    path = copy / entry["path"]
+    table = pq.read_table(path)
+    views = table.column("views").to_numpy(zero_copy_only=False).copy()
+    views[5] = np.nan
+    table = table.set_column(table.schema.get_field_index("views"), "views",
+                             pa.array(views, table.schema.field("views").type))
+    groups = [n for n, _ in entry["blocks"]]
+    writer = pq.ParquetWriter(path, table.schema)
+    start = 0
+    for n in groups:  # the same blocks as listed
+        writer.write_table(table.slice(start, n))
+        start += n
+    writer.close()
+    entry["bytes"] = path.stat().st_size
+    entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    config = load_config(str(trained), [f"data.path={copy}", "data.source=dataset",
+                                        "data.mapping=null", "data.raw=null"])
+    with pytest.raises(DataError, match=r"dense feature 'views' holds nan on the training "
+                                        r"split, expected finite numbers"):
+        fit_dense_scaling(build_models(config), config)
