@@ -83,8 +83,11 @@ def scaling_of(moments: "_Moments", mode: str) -> tuple[np.ndarray, np.ndarray, 
             moments.logged_tail * 2 < moments.tail)
     mean = np.where(logged, moments.logged.mean, moments.raw.mean)
     std = np.where(logged, moments.logged.std, moments.raw.std)
+    # constant by its least and largest values: a mean merged batch by batch is off in its
+    # last bits, which leaves a constant's deviation at ~1e-14, not 0
+    varies = moments.varies & (std > 0)
     shift = np.where(scaled, mean, 0.0)
-    scale = np.where(scaled & (std > 0), 1.0 / np.where(std > 0, std, 1.0), 1.0)
+    scale = np.where(scaled & varies, 1.0 / np.where(varies, std, 1.0), 1.0)
     return shift, scale, logged.astype(np.float64)
 
 
@@ -145,10 +148,13 @@ class _Moments:
     def merged_over_ranks(self) -> "_Moments":
         """Every rank's moments merged in rank order: the same on every rank (a collective:
         every rank calls it)."""
-        width = len(self.low)
-        ranks = distributed.allgather(self.packed()).reshape(-1, 1 + 6 * width)
+        return _Moments.from_packed(distributed.allgather(self.packed()), len(self.low))
+
+    @staticmethod
+    def from_packed(packed: np.ndarray, width: int) -> "_Moments":
+        """Moments ``packed`` one after another, merged in order."""
         out = _Moments(width)
-        for row in ranks:
+        for row in np.asarray(packed).reshape(-1, 1 + 6 * width):
             n, parts = int(row[0]), np.split(row[1:], 6)
             if n:
                 out.raw.merge(n, parts[0], parts[1])
@@ -162,6 +168,11 @@ class _Moments:
         if not self.count:
             return np.zeros_like(self.low)
         return np.maximum(np.abs(self.low), np.abs(self.high))
+
+    @property
+    def varies(self) -> np.ndarray:
+        """Whether each input takes more than one value."""
+        return self.high > self.low
 
     @property
     def tail(self) -> np.ndarray:
@@ -178,7 +189,8 @@ class _Moments:
 def _farthest(low: np.ndarray, high: np.ndarray, spread: _Spread) -> np.ndarray:
     far = np.maximum(high - spread.mean, spread.mean - low)
     std = spread.std
-    return np.where(std > 0, far / np.where(std > 0, std, 1.0), 0.0)
+    varies = (high > low) & (std > 0)
+    return np.where(varies, far / np.where(varies, std, 1.0), 0.0)
 
 
 def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
@@ -217,7 +229,7 @@ def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
               for name, width in dense.items() for i in range(width)]
     spreads = [(moments.logged if lg else moments.raw) for lg in logged]
     described = [f"{label} (" + ("signed log: " if lg else "") + f"mean {sp.mean[i]:.6g}, "
-                 + (f"std {sp.std[i]:.6g})" if sp.std[i] > 0 else "constant)")
+                 + (f"std {sp.std[i]:.6g})" if scale[i] != 1 else "constant)")
                  for i, (label, lg, sp, on) in enumerate(zip(
                      labels, logged, spreads, (shift != 0) | (scale != 1) | (logged > 0)))
                  if on]

@@ -24,7 +24,7 @@ from gmeta_tf.cli import main
 from gmeta_tf.config import load_config
 from gmeta_tf.training.cold_start import restore_models
 from gmeta_tf.training.dense_scaling import (DENSE_AUTO_LIMIT, DENSE_TAIL_LIMIT, _Moments,
-                                             dense_scaling, signed_log)
+                                             dense_scaling, scaling_of, signed_log)
 from gmeta_tf.training.evaluation import row_batches
 
 
@@ -79,6 +79,25 @@ def test_auto_scales_the_inputs_beyond_the_limit_and_standard_every_one():
                                rtol=1e-9, atol=1e-9)
     np.testing.assert_array_equal(moments.largest, np.abs(values).max(axis=0))
     assert moments.count == 500
+    # as ranks merge theirs: each part's moments packed, in order, one part empty
+    parts = []
+    for part in np.array_split(values, [0, 120, 121]):
+        own = _Moments(4)
+        own.add(part)
+        parts.append(own.packed())
+    merged = _Moments.from_packed(np.concatenate(parts), 4)
+    assert merged.count == 500
+    for name in ("raw", "logged"):
+        np.testing.assert_allclose(getattr(merged, name).mean, getattr(moments, name).mean,
+                                   rtol=1e-12)
+        np.testing.assert_allclose(getattr(merged, name).std, getattr(moments, name).std,
+                                   rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(merged.largest, moments.largest)
+    for whole, of_parts in zip(dense_scaling(values, "auto"), scaling_of(merged, "auto")):
+        np.testing.assert_allclose(of_parts, whole, rtol=1e-9)
+    # the constant input merged batch by batch: its deviation is off in the last bits, not 0,
+    # and it is still only shifted (not scaled by 1e14)
+    assert 0 < moments.logged.std[2] < 1e-9 and scaling_of(moments, "log")[1][2] == 1.0
 
 
 def _write_log(path: Path, n: int, seed: int) -> None:
