@@ -29,12 +29,14 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import tensorflow as tf
 
 from gmeta_tf import distributed
 from gmeta_tf.config import PipelineConfig
 from gmeta_tf.data import DataError
 from gmeta_tf.training.evaluation import split_dataset
 from gmeta_tf.training.model_builder import Models
+from gmeta_tf.training.rank_agreement import on_all_ranks
 
 log = logging.getLogger(__name__)
 
@@ -201,25 +203,30 @@ def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
     if not dense or mode == "none":
         return
     names, width = list(dense), sum(dense.values())
-    moments = _Moments(width)
-    bad = np.array([-1.0, 0.0])  # the first input not finite on this rank's rows, its value
-    # each rank reads its shard of the training split; the moments are merged over ranks
-    for batch in split_dataset(config, "warm", features=names).rows(_ROWS_PER_READ):
-        n = len(np.asarray(batch[names[0]]))
-        values = np.concatenate([np.asarray(batch[name], np.float64).reshape(n, w)
-                                 for name, w in dense.items()], axis=1)
-        if not np.isfinite(values).all():
-            column = int(np.flatnonzero(~np.isfinite(values).all(axis=0))[0])
-            bad = np.array([column, values[~np.isfinite(values[:, column]), column][0]])
-            break  # refused on every rank alike, after the collective below
-        moments.add(values)
-    found = distributed.allgather(bad).reshape(-1, 2)
-    for column, value in found:
-        if column >= 0:
-            raise DataError(f"{config.data.path}: dense feature "
-                            f"{_feature_of(int(column), dense)!r} holds {float(value)!r} on "
-                            f"the training split, expected finite numbers (a converted "
-                            f"dataset holds 0.0 for a missing value)")
+
+    def read_shard() -> _Moments:  # this rank's shard of the training split
+        moments = _Moments(width)
+        try:
+            for batch in split_dataset(config, "warm", features=names).rows(_ROWS_PER_READ):
+                n = len(np.asarray(batch[names[0]]))
+                values = np.concatenate([np.asarray(batch[name], np.float64).reshape(n, w)
+                                         for name, w in dense.items()], axis=1)
+                if not np.isfinite(values).all():
+                    column = int(np.flatnonzero(~np.isfinite(values).all(axis=0))[0])
+                    value = values[~np.isfinite(values[:, column]), column][0]
+                    raise DataError(f"{config.data.path}: dense feature "
+                                    f"{_feature_of(column, dense)!r} holds {float(value)!r} "
+                                    f"on the training split, expected finite numbers (a "
+                                    f"converted dataset holds 0.0 for a missing value)")
+                moments.add(values)
+        except tf.errors.OpError as e:  # a reader's failure, refused on every rank alike
+            raise DataError(f"{config.data.path}: reading the training split's dense inputs "
+                            f"failed: {e.message}") from e
+        return moments
+
+    # a rank that cannot read its shard stops every rank, not only itself; the moments are
+    # then merged over the ranks
+    moments = on_all_ranks(read_shard, "reading the training split's dense inputs")
     moments = moments.merged_over_ranks()
     shift, scale, logged = scaling_of(moments, mode)
     towers = [models.model.tower] + ([models.baseline.tower] if models.baseline else [])
@@ -229,7 +236,7 @@ def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
               for name, width in dense.items() for i in range(width)]
     spreads = [(moments.logged if lg else moments.raw) for lg in logged]
     described = [f"{label} (" + ("signed log: " if lg else "") + f"mean {sp.mean[i]:.6g}, "
-                 + (f"std {sp.std[i]:.6g})" if scale[i] != 1 else "constant)")
+                 + (f"std {sp.std[i]:.6g})" if moments.varies[i] else "constant)")
                  for i, (label, lg, sp, on) in enumerate(zip(
                      labels, logged, spreads, (shift != 0) | (scale != 1) | (logged > 0)))
                  if on]

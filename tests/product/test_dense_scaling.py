@@ -192,10 +192,10 @@ def test_read_as_stored_the_hour_saturates_the_model(trained, tmp_path):
 
 @pytest.mark.horovod
 def test_two_ranks_scale_alike_and_score_validation_as_one_process_does(trained, tmp_path):
-    """Under horovodrun each rank fits the scaling from the whole training split: the
-    ranks' validation (each scores its shard of the rows) is the one a single process
-    scores from the restored checkpoint, which a rank reading its inputs otherwise
-    would move."""
+    """Under horovodrun each rank reads its shard of the training split and the moments
+    are merged over the ranks: the ranks' validation (each scores its shard of the rows)
+    is the one a single process scores from the restored checkpoint, which a rank
+    reading its inputs otherwise would move."""
     from tests.multiprocess import run_ranks
 
     sets = ["--set", f"run_dir={tmp_path}", "--set", f"export.dir={tmp_path}/export"]
@@ -209,23 +209,18 @@ def test_two_ranks_scale_alike_and_score_validation_as_one_process_does(trained,
     np.testing.assert_allclose(rows["ctr model"]["auc"], best["metrics"]["auc"], atol=1e-4)
 
 
-def test_a_dense_value_not_finite_is_refused_naming_the_feature(trained, tmp_path):
-    """A dataset written by other means than the converter (which stores a missing value
-    as 0.0) may hold NaN: the fit refuses it naming the feature and the value, on every
-    rank alike (each reads its shard; the refusal follows the collective)."""
+def _dataset_with_nan(trained: Path, tmp_path: Path) -> list[str]:
+    """The fixture's dataset copied with one training row's ``views`` set to NaN (as a
+    dataset written by other means than the converter may hold), and the ``--set``s
+    that read it."""
     import hashlib
     import shutil
 
     import pyarrow.parquet as pq
 
-    from gmeta_tf.data import DataError
-    from gmeta_tf.training.dense_scaling import fit_dense_scaling
-    from gmeta_tf.training.model_builder import build_models
-
     assert main(["data", "prepare", "--config", str(trained)]) == 0
-    config = load_config(str(trained))
     copy = tmp_path / "data"
-    shutil.copytree(config.data.path, copy)
+    shutil.copytree(load_config(str(trained)).data.path, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
     entry = next(f for f in manifest["files"] if f["split"] == "warm")
     path = copy / entry["path"]
@@ -234,18 +229,49 @@ def test_a_dense_value_not_finite_is_refused_naming_the_feature(trained, tmp_pat
     views[5] = np.nan
     table = table.set_column(table.schema.get_field_index("views"), "views",
                              pa.array(views, table.schema.field("views").type))
-    groups = [n for n, _ in entry["blocks"]]
     writer = pq.ParquetWriter(path, table.schema)
     start = 0
-    for n in groups:  # the same blocks as listed
+    for n, _ in entry["blocks"]:  # the same blocks as listed
         writer.write_table(table.slice(start, n))
         start += n
     writer.close()
     entry["bytes"] = path.stat().st_size
     entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    config = load_config(str(trained), [f"data.path={copy}", "data.source=dataset",
-                                        "data.mapping=null", "data.raw=null"])
-    with pytest.raises(DataError, match=r"dense feature 'views' holds nan on the training "
-                                        r"split, expected finite numbers"):
+    return [f"data.path={copy}", "data.source=dataset", "data.mapping=null", "data.raw=null",
+            f"run_dir={tmp_path / 'run'}", f"export.dir={tmp_path / 'export'}"]
+
+
+NAN_REFUSED = (r"dense feature 'views' holds nan on the training split, expected finite "
+               r"numbers")
+
+
+def test_a_dense_value_not_finite_is_refused_naming_the_feature(trained, tmp_path):
+    """A dataset written by other means than the converter (which stores a missing value
+    as 0.0) may hold NaN: the fit refuses it naming the feature and the value."""
+    from gmeta_tf.data import DataError
+    from gmeta_tf.training.dense_scaling import fit_dense_scaling
+    from gmeta_tf.training.model_builder import build_models
+
+    config = load_config(str(trained), _dataset_with_nan(trained, tmp_path))
+    with pytest.raises(DataError, match=NAN_REFUSED):
         fit_dense_scaling(build_models(config), config)
+
+
+@pytest.mark.horovod
+def test_two_ranks_refuse_a_value_not_finite_on_one_ranks_shard(trained, tmp_path):
+    """Each rank reads its shard: the rank holding the NaN refuses it, and the other stops
+    with it (pointing at that rank) instead of waiting in the merge's collective until
+    the launcher's timeout."""
+    import re
+
+    from tests.multiprocess import run_ranks
+
+    sets = [a for s in _dataset_with_nan(trained, tmp_path) for a in ("--set", s)]
+    with pytest.raises(AssertionError) as failed:
+        run_ranks("gmeta_tf.cli", "train", "--config", str(trained), "--fresh", *sets, np_=2)
+    output = str(failed.value)
+    assert re.search(NAN_REFUSED, output), output[-3000:]
+    # the other rank's own message: it stopped at the agreement, not at a timeout
+    assert "reading the training split's dense inputs failed on rank(s) [0]" in output, (
+        output[-3000:])
