@@ -655,8 +655,8 @@ def reference_data(config: PipelineConfig, models: Models) -> ReferenceData:
                            if f not in config.meta.adapt_embeddings)
     tower = models.model.tower
     shift, scale, logged = ((), (), ()) if tower.dense_shift is None else (
-        tuple(float(v) for v in v.numpy())
-        for v in (tower.dense_shift, tower.dense_scale, tower.dense_log))
+        tuple(float(x) for x in variable.numpy())
+        for variable in (tower.dense_shift, tower.dense_scale, tower.dense_log))
     return ReferenceData(models.model.head.kind, models.model.head.label, candidates,
                          tuple(tower_sparse_features(model)), tuple(model.dense_features),
                          dense_shift=shift, dense_scale=scale, dense_log=logged)
