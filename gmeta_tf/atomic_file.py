@@ -199,8 +199,8 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
         pid, at, host = owner.partition("@")
         if not (at and pid.isdigit() and host.rpartition(".")[0] == socket.gethostname()):
             continue
-        lock = _lock_of_gone_writer(os.path.join(parent, prefix + owner + _LOCK_SUFFIX),
-                                    int(pid))
+        lock_path = os.path.join(parent, prefix + owner + _LOCK_SUFFIX)
+        lock = _lock_of_gone_writer(lock_path, int(pid))
         if lock is None:
             continue
         try:
@@ -209,7 +209,7 @@ def tidy_staging(target: str | os.PathLike, what: str = "a write") -> None:
                 if not name.endswith(_LOCK_SUFFIX):
                     _tidy_one(os.path.join(parent, name), target, what, pid)
             if lock >= 0:  # held: the file is the killed write's, not a new one's
-                os.unlink(os.path.join(parent, prefix + owner + _LOCK_SUFFIX))
+                os.unlink(lock_path)
         except FileNotFoundError:
             pass
         finally:

@@ -34,8 +34,9 @@ import tensorflow as tf
 from gmeta_tf import distributed
 from gmeta_tf.config import PipelineConfig
 from gmeta_tf.data import DataError
-from gmeta_tf.training.evaluation import split_dataset
+from gmeta_tf.training.evaluation import ROWS_PER_READ, split_dataset
 from gmeta_tf.training.model_builder import Models
+from gmeta_tf.training.references import signed_log
 from gmeta_tf.training.rank_agreement import on_all_ranks
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,6 @@ DENSE_AUTO_LIMIT = 100.0
 #: rows, uniform ones within 1.8; the Criteo sample's raw counts beyond 100 reach 20-72
 #: (3-7 in their logarithms).
 DENSE_TAIL_LIMIT = 10.0
-_ROWS_PER_READ = 4096
-
-
-def signed_log(x: np.ndarray) -> np.ndarray:
-    """``sign(x) log(1 + |x|)``: monotone, 0 at 0, a count's order of magnitude."""
-    return np.sign(x) * np.log1p(np.abs(x))
 
 
 def dense_scaling(values: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -207,7 +202,7 @@ def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
     def read_shard() -> _Moments:  # this rank's shard of the training split
         moments = _Moments(width)
         try:
-            for batch in split_dataset(config, "warm", features=names).rows(_ROWS_PER_READ):
+            for batch in split_dataset(config, "warm", features=names).rows(ROWS_PER_READ):
                 n = len(np.asarray(batch[names[0]]))
                 values = np.concatenate([np.asarray(batch[name], np.float64).reshape(n, w)
                                          for name, w in dense.items()], axis=1)
@@ -232,8 +227,7 @@ def fit_dense_scaling(models: Models, config: PipelineConfig) -> None:
     towers = [models.model.tower] + ([models.baseline.tower] if models.baseline else [])
     for tower in towers:
         tower.set_dense_scaling(shift, scale, logged)
-    labels = [f"{name}[{i}]" if width > 1 else name
-              for name, width in dense.items() for i in range(width)]
+    labels = [f"{name}[{i}]" if w > 1 else name for name, w in dense.items() for i in range(w)]
     spreads = [(moments.logged if lg else moments.raw) for lg in logged]
     described = [f"{label} (" + ("signed log: " if lg else "") + f"mean {sp.mean[i]:.6g}, "
                  + (f"std {sp.std[i]:.6g})" if moments.varies[i] else "constant)")

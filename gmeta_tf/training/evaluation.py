@@ -63,6 +63,11 @@ def split_dataset(config: PipelineConfig, split: str | None, path: str | None = 
                                **({"rank": 0, "size": 1} if whole else {}))
 
 
+#: Rows per batch where a split is read in bulk (the references, the linear start, the
+#: dense inputs' scaling): the order of the rows does not depend on it.
+ROWS_PER_READ = 4096
+
+
 def task_batches(config: PipelineConfig, split: str | None, equal_steps: bool,
                  path: str | None = None) -> tf.data.Dataset:
     """Batches of every task of a split, each with its fixed support and query rows.
@@ -736,7 +741,7 @@ def fit_reference_predictors(models: Models, config: PipelineConfig):
     """The reference predictors fitted on the training split, tuned on validation."""
     tasks = models.is_meta
     data = reference_data(config, models)
-    train = split_dataset(config, "warm").rows(4096)
+    train = split_dataset(config, "warm").rows(ROWS_PER_READ)
     split = config.train.validation_split
     if tasks:
         valid = list(task_batches(config, split, equal_steps=False))

@@ -45,19 +45,18 @@ from gmeta_tf.config import PipelineConfig
 from gmeta_tf.embedding import table_ops
 from gmeta_tf.embedding.id_salt import salt_ids
 from gmeta_tf.models.ctr_model import CTRModel
-from gmeta_tf.training.evaluation import reference_data, split_dataset
+from gmeta_tf.training.evaluation import ROWS_PER_READ, reference_data, split_dataset
 from gmeta_tf.training.model_builder import Models
 from gmeta_tf.training.references import LinearModel, fit_linear, rows_of
 
 log = logging.getLogger(__name__)
-_ROWS_PER_READ = 4096
 
 
 def _rows(config: PipelineConfig, split: str, names: list[str]) -> dict:
     """Every row of a split (not this rank's shard), in file order (as ``gmeta eval`` reads
     it for the references: the order of the rows does not depend on the rows per read)."""
     dataset = split_dataset(config, split, features=names, whole=True)
-    return rows_of(dataset.rows(_ROWS_PER_READ), names)
+    return rows_of(dataset.rows(ROWS_PER_READ), names)
 
 
 def fit_start(models: Models, config: PipelineConfig) -> tuple[LinearModel, dict, dict]:

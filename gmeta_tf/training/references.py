@@ -111,6 +111,13 @@ class ReferenceData:
     dense_log: tuple[float, ...] = ()
 
 
+def signed_log(x: np.ndarray) -> np.ndarray:
+    """``sign(x) log(1 + |x|)``, in ``x``'s precision: monotone, 0 at 0, a count's order of
+    magnitude (what a tower reads of a dense input its scaling logs, ``Tower._dense_input``;
+    ``dense_scaling`` chooses which)."""
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
 def rows_of(batches: Iterable[Mapping], names: Iterable[str]) -> dict[str, np.ndarray]:
     """Concatenated real rows of row batches or task batches (support and query)."""
     names = list(names)
@@ -285,9 +292,8 @@ class LinearModel:
         n = len(ids[0]) if ids else len(dense[0])
         dense = np.concatenate(dense, axis=1) if dense else np.zeros((n, 0))
         if self.data.dense_log:  # in float32, as the tower takes it
-            stored = dense.astype(np.float32)
             dense = np.where(np.asarray(self.data.dense_log) > 0,
-                             np.sign(stored) * np.log1p(np.abs(stored)), dense)
+                             signed_log(dense.astype(np.float32)), dense)
         if self.data.dense_shift:
             dense = ((dense - np.asarray(self.data.dense_shift))
                      * np.asarray(self.data.dense_scale))

@@ -543,7 +543,7 @@ def _quote_over_lines(path: str, dialect: CsvDialect, line: int, text: str, why:
                   "runs"}[closed]
     lines = ("over the next line" if spanned == 1 else f"over the next {spanned} lines"
              if spanned else "to the end of the file")
-    why = f" ({why})" if spanned or why != "to the end of the file" else ""
+    why = f" ({why})" if why != lines else ""  # not said twice
     return DataError(f"line {line}: {what} {lines}{why}; close or remove the quote",
                      file=path, column=column,
                      value=dialect.as_written((text.splitlines() or [""])[0])[:200])
