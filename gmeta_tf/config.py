@@ -851,7 +851,9 @@ def check_consistency(config: PipelineConfig) -> None:
             ("label_shift", "a task's ratings are shifted",
              "it shifts a meta task's ratings"),
             ("grad_dropout", None,
-             "it drops inner-loop gradients; a plain model has no inner loop")):
+             "it drops inner-loop gradients; a plain model has no inner loop"),
+            ("task_interpolation", None,
+             "it interpolates meta tasks; a plain model's row batches hold no whole tasks")):
         value = getattr(config.meta, key)
         if value and of_ratings and model.head.kind != "rating":
             raise _fail(f"meta.{key}", value,

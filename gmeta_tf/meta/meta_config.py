@@ -84,6 +84,15 @@ class MetaConfig:
             probability and the rest scaled by 1 / (1 - p), a fresh draw at every step
             of every task, so the slow weights cannot rely on one exact path of
             adaptation. Evaluation and serving adapt on the whole gradient. 0: off.
+        task_interpolation: MLTI (Yao, Zhang and Finn, ICLR 2022), against meta-over-fitting
+            when training tasks are few: in training, each task of a step is, with this
+            probability, replaced by its interpolation with another task of the step (one
+            drawn at random): each of its support and query rows' tower inputs (embedded
+            rows, dense features, prior) and labels become ``lam`` times its own plus
+            ``1 - lam`` times the other task's row of the same rank in its role (cycling
+            through the other's rows when it has fewer), ``lam ~ Beta(0.5, 0.5)``, one draw
+            per task, the same for its support and query rows. The task keeps its own
+            mask. Evaluation and serving see tasks as they are. 0: off.
     """
 
     algorithm: Algorithm = "maml"
@@ -101,6 +110,7 @@ class MetaConfig:
     within_task_loss: float = config_fields.field(0.0, min=0.0)
     label_shift: float = config_fields.field(0.0, min=0.0)
     grad_dropout: float = config_fields.field(0.0, min=0.0, max=0.9)
+    task_interpolation: float = config_fields.field(0.0, min=0.0, max=1.0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_weights", _names(self.fast_weights))

@@ -183,6 +183,8 @@ class MetaModel(tf.keras.Model):
             support, query = self._dropped(support), self._dropped(query)
         if training and self.config.label_shift:
             support, query = shifted_labels(support, query, self.config.label_shift)
+        if training and self.config.task_interpolation:
+            support, query = interpolated_tasks(support, query, self.config.task_interpolation)
         params = self.tower.params()
         fast = self.adapter.initial(params, tf.shape(support.mask)[0], num_pairs)
         trajectory = [] if training and self.config.multi_step_loss else None
@@ -366,6 +368,47 @@ def shifted_labels(support: RoleBatch, query: RoleBatch, width: float
     shift = task_offsets(tf.shape(support.labels)[0], width)
     return (support._replace(labels=support.labels + shift),
             query._replace(labels=query.labels + shift))
+
+
+def interpolated_tasks(support: RoleBatch, query: RoleBatch, rate: float,
+                       concentration: float = 0.5) -> tuple[RoleBatch, RoleBatch]:
+    """``MetaConfig.task_interpolation`` (MLTI): each task, with probability ``rate``,
+    mixed with another task of the batch drawn at random, at weight ``lam ~
+    Beta(concentration, concentration)`` on its own rows (one draw per task, shared by its
+    support and query rows); the others keep ``lam = 1``. Row r of a task's role is mixed
+    with the other task's real row of rank ``r mod n`` (n its real rows in that role);
+    floating inputs and labels are mixed, other inputs and the mask are the task's own.
+    (The task batcher packs a role's real rows first, so a position is a rank.)"""
+    num_tasks = tf.shape(support.mask)[0]
+    partner = tf.random.shuffle(tf.range(num_tasks))
+    a = tf.random.gamma([num_tasks], concentration)
+    b = tf.random.gamma([num_tasks], concentration)
+    lam = a / tf.maximum(a + b, 1e-12)
+    has_rows = [tf.gather(tf.reduce_sum(role.mask, axis=1), partner) > 0
+                for role in (support, query)]
+    mixed = ((tf.random.uniform([num_tasks]) < rate) & (partner != tf.range(num_tasks))
+             & has_rows[0] & has_rows[1])
+    lam = tf.where(mixed, lam, 1.0)
+    return _mixed_role(support, partner, lam), _mixed_role(query, partner, lam)
+
+
+def _mixed_role(role: RoleBatch, partner: tf.Tensor, lam: tf.Tensor) -> RoleBatch:
+    """One role of ``interpolated_tasks``: ``lam`` ``[T]`` on each task's own rows."""
+    width = tf.shape(role.mask)[1]
+    real = tf.cast(tf.reduce_sum(role.mask, axis=1), tf.int32)
+    # Each task's real rows first, in their order (padding last).
+    order = tf.argsort(tf.cast(role.mask <= 0, tf.int32), axis=1, stable=True)
+    ranks = tf.range(width)[None, :] % tf.maximum(tf.gather(real, partner), 1)[:, None]
+    rows = tf.gather(tf.gather(order, partner), ranks, batch_dims=1)  # [T, N]
+
+    def mix(x: tf.Tensor) -> tf.Tensor:
+        other = tf.gather(tf.gather(x, partner), rows, batch_dims=1)
+        w = tf.reshape(tf.cast(lam, x.dtype), tf.concat([[-1], tf.ones([tf.rank(x) - 1],
+                                                                      tf.int32)], 0))
+        return w * x + (1 - w) * other
+
+    inputs = {k: mix(v) if v.dtype.is_floating else v for k, v in role.inputs.items()}
+    return role._replace(inputs=inputs, labels=mix(role.labels))
 
 
 def task_offsets(num_tasks: tf.Tensor, width: float) -> tf.Tensor:

@@ -553,3 +553,78 @@ def test_label_shift_is_refused_where_it_cannot_apply():
         MetaConfig("reptile", label_shift=0.5)
     with pytest.raises(ValueError, match="label_shift"):
         MetaConfig("maml", label_shift=-0.1)
+
+
+def _role(values: np.ndarray, mask: np.ndarray):
+    from gmeta_tf.meta.task_batch import RoleBatch
+    values = tf.constant(values, tf.float32)
+    return RoleBatch({"x": values[..., None], "ids": tf.zeros(values.shape, tf.int64)},
+                     values, tf.constant(mask, tf.float32), {})
+
+
+def test_task_interpolation_mixes_each_row_with_the_partners_row_of_its_rank():
+    """MLTI: a mixed task's row r is ``lam`` times its own plus ``1 - lam`` times the
+    partner task's real row of rank ``r mod n``; its labels alike with the same ``lam`` in
+    both roles; its mask and non-floating inputs are its own."""
+    from gmeta_tf.meta.meta_model import interpolated_tasks
+    # Task 0: 3 real support rows, 2 query rows; task 1: 2 support rows (one padding row
+    # between them), 1 query row. Values tell rows apart.
+    support = _role(np.array([[1.0, 2.0, 3.0, 0.0], [10.0, 0.0, 20.0, 0.0]]),
+                    np.array([[1, 1, 1, 0], [1, 0, 1, 0]]))
+    query = _role(np.array([[4.0, 5.0], [30.0, 0.0]]), np.array([[1, 1], [1, 0]]))
+    tf.random.set_seed(3)
+    seen_mixed = False
+    for _ in range(20):
+        s, q = interpolated_tasks(support, query, 1.0)
+        lam0 = (s.labels[0, 0].numpy() - 10.0) / (1.0 - 10.0)
+        if abs(lam0 - 1.0) < 1e-6:  # the shuffle left the task its own partner
+            np.testing.assert_allclose(s.labels, support.labels)
+            continue
+        seen_mixed = True
+        assert 0.0 <= lam0 <= 1.0
+        mix = lambda own, other: lam0 * own + (1 - lam0) * other  # noqa: E731
+        np.testing.assert_allclose(s.labels[0, :3], [mix(1, 10), mix(2, 20), mix(3, 10)],
+                                   rtol=1e-5)
+        np.testing.assert_allclose(q.labels[0], [mix(4, 30), mix(5, 30)], rtol=1e-5)
+        np.testing.assert_allclose(s.inputs["x"][..., 0], s.labels, rtol=1e-6)
+        lam1 = (s.labels[1, 0].numpy() - 1.0) / (10.0 - 1.0)
+        np.testing.assert_allclose(s.labels[1, 2], lam1 * 20 + (1 - lam1) * 3.0, rtol=1e-5)
+        np.testing.assert_allclose(q.labels[1, 0], lam1 * 30 + (1 - lam1) * 4.0, rtol=1e-5)
+        np.testing.assert_array_equal(s.mask, support.mask)
+        np.testing.assert_array_equal(q.mask, query.mask)
+        assert s.inputs["ids"].dtype == tf.int64
+    assert seen_mixed
+    s, q = interpolated_tasks(support, query, 0.0)
+    np.testing.assert_array_equal(s.labels, support.labels)
+    np.testing.assert_array_equal(q.labels, query.labels)
+
+
+def test_task_interpolation_acts_in_training_only(monkeypatch):
+    """``MetaConfig.task_interpolation``: in training the outer objective is that of the
+    interpolated tasks; outside training the tasks are as they are."""
+    from gmeta_tf.meta import meta_model
+    batch = tiny.tasks(3, seed=37)
+    calls = []
+
+    def rolled_tasks(support, query, rate):
+        # Each task's rows read the next task's inputs under its own labels.
+        calls.append(rate)
+        roll = lambda role: role._replace(  # noqa: E731
+            inputs={k: tf.roll(v, 1, axis=0) for k, v in role.inputs.items()})
+        return roll(support), roll(query)
+
+    def run(rate):
+        model = tiny.model(MetaConfig("maml", inner_steps=STEPS, inner_lr=LR,
+                                      task_interpolation=rate))
+        tiny.insert_ids(model, batch)
+        *_, objective = model.meta_loss(batch)
+        *_, untrained = model.meta_loss(batch, training=False)
+        return objective.numpy(), untrained.numpy()
+
+    monkeypatch.setattr(meta_model, "interpolated_tasks", rolled_tasks)
+    objective_plain, untrained_plain = run(0.0)
+    assert not calls
+    objective, untrained = run(0.5)
+    assert calls == [0.5]
+    assert abs(objective - objective_plain) > 1e-4
+    np.testing.assert_allclose(untrained, untrained_plain, rtol=1e-6)
