@@ -77,7 +77,8 @@ def benchmarks(args) -> dict[str, list[str]]:
     r = str(args.repeats)
     return {
         "hybrid": ["-m", "benchmarks.hybrid", "--only", "speed", "--repeats", r,
-                   "--batch-size", str(args.hybrid_batch)],
+                   "--batch-size", str(args.hybrid_batch), "--timed-batches",
+                   str(args.hybrid_timed_batches)],
         "meta_step": ["-m", "benchmarks.meta_step", "--paired", r, "--tasks", str(args.tasks),
                       "--steps", str(args.meta_steps)],
         "sharded_step": ["-m", "benchmarks.sharded_step", "--vsi-vs-raw", r, "--batch-size",
@@ -108,6 +109,9 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=("hybrid", "meta_step", "sharded_step"),
                         action="append", help="run only these (repeatable)")
     parser.add_argument("--hybrid-batch", type=int, default=65536)
+    parser.add_argument("--hybrid-timed-batches", type=int, default=5,
+                        help="batches in each hybrid contender's timed window per repeat "
+                             "(default %(default)s)")
     parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--meta-steps", type=int, default=4)
     parser.add_argument("--sharded-batch", type=int, default=65536)

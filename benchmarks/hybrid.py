@@ -654,7 +654,14 @@ def main() -> None:
                              "contenders and their uncached bases), criteo (part 2)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="part 1's global batch (default 65536; --quick 8192)")
+    parser.add_argument("--timed-batches", type=int, default=NUM_BATCHES - 1,
+                        help="--only speed: batches in each contender's timed window per "
+                             "repeat (default %(default)s); a pipelined contender fills and "
+                             "drains its pipeline once per window, so a short window holds "
+                             "more of that than of its steady state")
     args = parser.parse_args()
+    if args.timed_batches < 1:
+        parser.error(f"--timed-batches must be >= 1, got {args.timed_batches}")
     distributed.init()
     spec = BatchSpec(batch_size=args.batch_size or (8192 if args.quick else 65536),
                      features=FEATURES)
@@ -664,7 +671,7 @@ def main() -> None:
     report = {"benchmark": "hybrid", "world_size": distributed.size(), "quick": args.quick,
               "repeats": repeats, "only": args.only}
     if args.only == "speed":
-        report.update(run_speed(spec, repeats))
+        report.update(run_speed(spec, repeats, timed_batches=args.timed_batches))
     elif args.only in (None, "zipf", "cache"):
         report.update(run_zipf(spec, repeats,
                                CACHE_CONTENDERS if args.only == "cache" else CONTENDERS))
