@@ -89,7 +89,8 @@ def benchmarks(args) -> dict[str, list[str]]:
 def summary(name: str, report: dict) -> dict:
     """The figures of one job that the final line carries."""
     if name == "hybrid":
-        keys = [k for k in report if k.startswith(("samples_per_s_", "ratio_paired_"))]
+        keys = [k for k in report if k.startswith(("samples_per_s_", "ratio_paired_",
+                                                   "window_share_"))]
         out = {k: report[k] for k in keys}
         out["hybrid_s2_vs_sync"] = report["ratio_paired_hybrid_s2_vs_sync"]
         return out

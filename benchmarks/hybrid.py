@@ -398,17 +398,32 @@ def run_speed(spec: BatchSpec, repeats: int, contenders: tuple[str, ...] = SPEED
     for contender in made.values():
         contender.fit(local[:1])  # warm-up: tracing, first table growth
     rates: dict[str, list[float]] = {name: [] for name in contenders}
+    # Of a hybrid contender's timed window, the share its main thread spent in dense steps
+    # (forward, backward, the all-reduce, the optimizer) and waiting for pulled rows.
+    shares: dict[str, dict[str, list[float]]] = {
+        name: {"dense": [], "wait_for_rows": []} for name in contenders
+        if made[name].trainer is not None}
     timed_samples = spec.batch_size * timed_batches
     for rep in range(repeats):
         window = local[1 + rep * timed_batches:1 + (rep + 1) * timed_batches]
         for name in contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]:
+            trainer = made[name].trainer
+            before = trainer.metrics() if trainer is not None else None
             distributed.barrier()
             start = time.perf_counter()
             made[name].fit(window)
             distributed.barrier()
-            rates[name].append(timed_samples / (time.perf_counter() - start))
+            elapsed = time.perf_counter() - start
+            rates[name].append(timed_samples / elapsed)
+            if trainer is not None:
+                after = trainer.metrics()
+                for part, key in (("dense", "dense_s"), ("wait_for_rows", "wait_for_rows_s")):
+                    shares[name][part].append((after[key] - before[key]) / elapsed)
             log(f"[speed] rep {rep} {name}: {rates[name][-1]:,.0f} samples/s")
     out = {f"samples_per_s_{n}": round(statistics.median(r), 1) for n, r in rates.items()}
+    out["window_share_median"] = {n: {part: round(statistics.median(v), 3)
+                                      for part, v in parts.items()}
+                                  for n, parts in shares.items()}
     for name in contenders:
         for base in ("sync", "hybrid_s0"):
             if name != base and base in rates and not (base == "hybrid_s0" and name == "sync"):
