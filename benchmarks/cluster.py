@@ -78,7 +78,7 @@ def benchmarks(args) -> dict[str, list[str]]:
     return {
         "hybrid": ["-m", "benchmarks.hybrid", "--only", "speed", "--repeats", r,
                    "--batch-size", str(args.hybrid_batch), "--timed-batches",
-                   str(args.hybrid_timed_batches)],
+                   str(args.hybrid_timed_batches), "--hidden", args.hybrid_hidden],
         "meta_step": ["-m", "benchmarks.meta_step", "--paired", r, "--tasks", str(args.tasks),
                       "--steps", str(args.meta_steps)],
         "sharded_step": ["-m", "benchmarks.sharded_step", "--vsi-vs-raw", r, "--batch-size",
@@ -93,6 +93,7 @@ def summary(name: str, report: dict) -> dict:
                                                    "window_share_"))]
         out = {k: report[k] for k in keys}
         out["hybrid_s2_vs_sync"] = report["ratio_paired_hybrid_s2_vs_sync"]
+        out["hidden_units"] = report.get("hidden_units")
         return out
     if name == "meta_step":
         return {k: v for k, v in report.items() if k.startswith(("tasks_per_s", "gmeta_vs",
@@ -112,6 +113,9 @@ def main(argv=None) -> int:
     parser.add_argument("--hybrid-batch", type=int, default=65536)
     parser.add_argument("--hybrid-timed-batches", type=int, default=5,
                         help="batches in each hybrid contender's timed window per repeat "
+                             "(default %(default)s)")
+    parser.add_argument("--hybrid-hidden", default="64",
+                        help="the hybrid benchmark tower's hidden widths, comma-separated "
                              "(default %(default)s)")
     parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--meta-steps", type=int, default=4)

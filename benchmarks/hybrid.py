@@ -250,13 +250,18 @@ class Contender:
 # ---- part 1: Zipf throughput and cache hit rate -----------------------------------------
 
 class ZipfTower(tf.keras.layers.Layer):
-    def __init__(self, **kwargs):
+    """An MLP over the 26 rows of a sample (416 -> hidden... -> 1)."""
+
+    def __init__(self, hidden_units: tuple[int, ...] = (64,), **kwargs):
         super().__init__(**kwargs)
-        self.hidden = tf.keras.layers.Dense(64, activation="relu")
+        self.hidden = [tf.keras.layers.Dense(n, activation="relu") for n in hidden_units]
         self.out = tf.keras.layers.Dense(1)
 
     def call(self, rows):  # [B, 26, 16]
-        return tf.squeeze(self.out(self.hidden(tf.reshape(rows, [-1, FEATURES * DIM]))), -1)
+        x = tf.reshape(rows, [-1, FEATURES * DIM])
+        for layer in self.hidden:
+            x = layer(x)
+        return tf.squeeze(self.out(x), -1)
 
 
 def zipf_batches(spec: BatchSpec) -> list[np.ndarray]:
@@ -286,7 +291,8 @@ def oracle_hit_rates(batches: list[np.ndarray]) -> tuple[dict, dict, int]:
     return rates, first_sight, int(counts.size)
 
 
-def make_zipf_contender(name: str, distinct_ids: int) -> Contender:
+def make_zipf_contender(name: str, distinct_ids: int,
+                        hidden_units: tuple[int, ...] = (64,)) -> Contender:
     caches = None
     for key, fraction in CACHE_FRACTIONS.items():
         if name.endswith(key):  # per owner: its share of fraction x the ids the run sees
@@ -297,7 +303,7 @@ def make_zipf_contender(name: str, distinct_ids: int) -> Contender:
     emb = ShardedHashEmbedding([TableConfig("ids", DIM, optimizer=Adagrad(0.05))],
                                [FeatureConfig("ids", "ids")], caches=caches, name=f"emb_{name}")
     emb.build(None)
-    tower = ZipfTower()
+    tower = ZipfTower(hidden_units)
     tower(tf.zeros([1, FEATURES, DIM]))
     distributed.broadcast_variables(tower.trainable_variables)
 
@@ -387,14 +393,15 @@ def run_zipf(spec: BatchSpec, repeats: int, contenders: tuple[str, ...] = CONTEN
 
 
 def run_speed(spec: BatchSpec, repeats: int, contenders: tuple[str, ...] = SPEED_CONTENDERS,
-              timed_batches: int = NUM_BATCHES - 1) -> dict:
+              timed_batches: int = NUM_BATCHES - 1,
+              hidden_units: tuple[int, ...] = (64,)) -> dict:
     """--only speed: each contender built once and traced on its warm-up batch, then timed
     in every repeat on that repeat's fresh batches (the same for every contender; order
     rotated per repeat). Tracing stays out of every timed window, and costs once per
     contender, not once per repeat."""
     steps = 1 + repeats * timed_batches
     local = [local_zipf(make_batch(spec, s), s) for s in range(steps)]
-    made = {name: make_zipf_contender(name, 0) for name in contenders}
+    made = {name: make_zipf_contender(name, 0, hidden_units) for name in contenders}
     for contender in made.values():
         contender.fit(local[:1])  # warm-up: tracing, first table growth
     rates: dict[str, list[float]] = {name: [] for name in contenders}
@@ -430,6 +437,7 @@ def run_speed(spec: BatchSpec, repeats: int, contenders: tuple[str, ...] = SPEED
                 out[f"ratio_paired_{name}_vs_{base}"] = round(statistics.median(
                     a / b for a, b in zip(rates[name], rates[base])), 3)
     out["batch_size"] = spec.batch_size
+    out["hidden_units"] = list(hidden_units)
     out["timed_batches_per_repeat"] = timed_batches
     out["samples_per_s_all_repeats"] = {k: [round(x, 1) for x in v] for k, v in rates.items()}
     return out
@@ -674,9 +682,21 @@ def main() -> None:
                              "repeat (default %(default)s); a pipelined contender fills and "
                              "drains its pipeline once per window, so a short window holds "
                              "more of that than of its steady state")
+    parser.add_argument("--hidden", default="64",
+                        help="--only speed: the tower's hidden layer widths, comma-separated "
+                             "(default %(default)s; DLRM's top MLPs are wider, e.g. 512,256): "
+                             "what hybrid training hides behind the exchanges is this dense "
+                             "work")
     args = parser.parse_args()
     if args.timed_batches < 1:
         parser.error(f"--timed-batches must be >= 1, got {args.timed_batches}")
+    try:
+        hidden = tuple(int(n) for n in args.hidden.split(",") if n.strip())
+    except ValueError:
+        hidden = ()
+    if not hidden or min(hidden) < 1:
+        parser.error(f"--hidden must be positive integers separated by commas, got "
+                     f"{args.hidden!r}")
     distributed.init()
     spec = BatchSpec(batch_size=args.batch_size or (8192 if args.quick else 65536),
                      features=FEATURES)
@@ -686,7 +706,8 @@ def main() -> None:
     report = {"benchmark": "hybrid", "world_size": distributed.size(), "quick": args.quick,
               "repeats": repeats, "only": args.only}
     if args.only == "speed":
-        report.update(run_speed(spec, repeats, timed_batches=args.timed_batches))
+        report.update(run_speed(spec, repeats, timed_batches=args.timed_batches,
+                                hidden_units=hidden))
     elif args.only in (None, "zipf", "cache"):
         report.update(run_zipf(spec, repeats,
                                CACHE_CONTENDERS if args.only == "cache" else CONTENDERS))
