@@ -514,9 +514,12 @@ class Trainer:
                                    if n in self._resting() and n not in was_resting]
                 if selection.should_stop([n for n in models.names if n not in halted]):
                     stopped = step
-                    log.info("early stopping at step %d: the %s has not improved its "
+                    stopping = out_of_patience or models.names
+                    log.info("early stopping at step %d: the %s %s not improved %s "
                              "validation %s in %d evaluations; no model is left training",
-                             step, " and the ".join(out_of_patience or models.names),
+                             step, " and the ".join(stopping),
+                             "has" if len(stopping) == 1 else "have",
+                             "its" if len(stopping) == 1 else "their",
                              selection.metric, t.patience)
                     break
                 if out_of_patience:
