@@ -92,7 +92,9 @@ class MetaConfig:
             ``1 - lam`` times the other task's row of the same rank in its role (cycling
             through the other's rows when it has fewer), ``lam ~ Beta(0.5, 0.5)``, one draw
             per task, the same for its support and query rows. The task keeps its own
-            mask. Evaluation and serving see tasks as they are. 0: off.
+            mask. With ``adapt_embeddings``, a task's adapted rows are added to its mixed
+            rows' inputs as to its own (not measured). Evaluation and serving see tasks as
+            they are. 0: off.
     """
 
     algorithm: Algorithm = "maml"
