@@ -100,6 +100,8 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
                             "in [0.0, 0.9]"),
     ("meta.grad_dropout=-0.1", "'meta.grad_dropout' = -0.1 is not allowed: expected a number "
                                "in [0.0, 0.9]"),
+    ("meta.task_interpolation=1.5", "'meta.task_interpolation' = 1.5 is not allowed: expected "
+                                    "a number in [0.0, 1.0]"),
     ("train.pretrain_steps=-5", "'train.pretrain_steps' = -5 is not allowed: expected an "
                                 "integer >= 0"),
     ("train.valid_resplits=0", "'train.valid_resplits' = 0 is not allowed: expected an "
@@ -234,6 +236,13 @@ def test_gradient_dropout_is_for_the_meta_model():
     with pytest.raises(ConfigError, match="'meta.grad_dropout' = 0.2 is not allowed: "
                                           "expected 0 with meta.enabled: false"):
         load_config("default", ["meta.grad_dropout=0.2", "meta.enabled=false"])
+
+
+def test_task_interpolation_is_for_the_meta_model():
+    assert load_config("default", ["meta.task_interpolation=0.5"]).meta.task_interpolation == 0.5
+    with pytest.raises(ConfigError, match="'meta.task_interpolation' = 0.5 is not allowed: "
+                                          "expected 0 with meta.enabled: false"):
+        load_config("default", ["meta.task_interpolation=0.5", "meta.enabled=false"])
 
 
 def test_ridge_adaptation_is_for_a_melu_rating_model():
