@@ -384,21 +384,24 @@ def interpolated_tasks(support: RoleBatch, query: RoleBatch, rate: float,
     a = tf.random.gamma([num_tasks], concentration)
     b = tf.random.gamma([num_tasks], concentration)
     lam = a / tf.maximum(a + b, 1e-12)
-    has_rows = [tf.gather(tf.reduce_sum(role.mask, axis=1), partner) > 0
-                for role in (support, query)]
+    # Each role's real rows of each task's partner.
+    partner_rows = [tf.gather(tf.cast(tf.reduce_sum(role.mask, axis=1), tf.int32), partner)
+                    for role in (support, query)]
     mixed = ((tf.random.uniform([num_tasks]) < rate) & (partner != tf.range(num_tasks))
-             & has_rows[0] & has_rows[1])
+             & (partner_rows[0] > 0) & (partner_rows[1] > 0))
     lam = tf.where(mixed, lam, 1.0)
-    return _mixed_role(support, partner, lam), _mixed_role(query, partner, lam)
+    return (_mixed_role(support, partner, partner_rows[0], lam),
+            _mixed_role(query, partner, partner_rows[1], lam))
 
 
-def _mixed_role(role: RoleBatch, partner: tf.Tensor, lam: tf.Tensor) -> RoleBatch:
-    """One role of ``interpolated_tasks``: ``lam`` ``[T]`` on each task's own rows."""
+def _mixed_role(role: RoleBatch, partner: tf.Tensor, partner_rows: tf.Tensor,
+                lam: tf.Tensor) -> RoleBatch:
+    """One role of ``interpolated_tasks``: ``lam`` ``[T]`` on each task's own rows,
+    ``partner_rows`` ``[T]`` its partner's real rows in this role."""
     width = tf.shape(role.mask)[1]
-    real = tf.cast(tf.reduce_sum(role.mask, axis=1), tf.int32)
     # Each task's real rows first, in their order (padding last).
     order = tf.argsort(tf.cast(role.mask <= 0, tf.int32), axis=1, stable=True)
-    ranks = tf.range(width)[None, :] % tf.maximum(tf.gather(real, partner), 1)[:, None]
+    ranks = tf.range(width)[None, :] % tf.maximum(partner_rows, 1)[:, None]
     rows = tf.gather(tf.gather(order, partner), ranks, batch_dims=1)  # [T, N]
 
     def mix(x: tf.Tensor) -> tf.Tensor:
