@@ -56,6 +56,8 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.arguments import comma_separated
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SHARED = ROOT.parent / "shared" / "data"
@@ -207,10 +209,12 @@ def summarize(runs: list[dict], logs: list[str], key=lambda r: r) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--logs", default=",".join(LOGS), help="comma-separated click logs")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated split seeds")
+    parser.add_argument("--logs", default=",".join(LOGS), type=comma_separated(choices=LOGS),
+                        help="comma-separated click logs")
+    parser.add_argument("--seeds", default="0,1,2", type=comma_separated(int, minimum=0),
+                        help="comma-separated split seeds")
     parser.add_argument("--trials", type=int, default=8, help="gmeta tune trials")
-    parser.add_argument("--model-seeds", default="0",
+    parser.add_argument("--model-seeds", default="0", type=comma_separated(int, minimum=0),
                         help="comma-separated model seeds trained with each split seed's "
                              "tuned settings (0: the tuned run itself)")
     parser.add_argument("--jobs", type=int, default=1, help="split seeds run at once")
@@ -221,16 +225,13 @@ def main() -> None:
     for item in args.variant:
         if "=" not in item:
             parser.error(f"--variant {item}: expected KEY=VALUE")
-    logs = [name for name in args.logs.split(",") if name]
-    for name in logs:
-        if name not in LOGS:
-            parser.error(f"--logs {name}: expected one of {', '.join(LOGS)}")
+    logs = args.logs
     if args.trials < 1:
         parser.error(f"--trials {args.trials}: expected a number of trials >= 1")
     if not SHARED.is_dir():
         raise SystemExit(f"../shared/data not found at {SHARED}")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    model_seeds = sorted({0, *(int(s) for s in args.model_seeds.split(","))})
+    seeds = args.seeds
+    model_seeds = sorted({0, *args.model_seeds})
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(args.work or tmp).resolve()

@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.arguments import comma_separated, joined
 from gmeta_tf.local_cluster import INTERFACE, LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ def benchmarks(args) -> dict[str, list[str]]:
     return {
         "hybrid": ["-m", "benchmarks.hybrid", "--only", "speed", "--repeats", r,
                    "--batch-size", str(args.hybrid_batch), "--timed-batches",
-                   str(args.hybrid_timed_batches), "--hidden", args.hybrid_hidden],
+                   str(args.hybrid_timed_batches), "--hidden", joined(args.hybrid_hidden)],
         "meta_step": ["-m", "benchmarks.meta_step", "--paired", r, "--tasks", str(args.tasks),
                       "--steps", str(args.meta_steps)],
         "sharded_step": ["-m", "benchmarks.sharded_step", "--vsi-vs-raw", r, "--batch-size",
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="paired repeats (>= 5 for "
                         "the figures; default %(default)s)")
-    parser.add_argument("--rates", default=",".join(RATES),
+    parser.add_argument("--rates", default=",".join(RATES), type=comma_separated(),
                         help="comma-separated: unshaped and/or tc rates (default %(default)s)")
     parser.add_argument("--quick", action="store_true", help="small batches, 1 repeat")
     parser.add_argument("--only", choices=("hybrid", "meta_step", "sharded_step"),
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--hybrid-timed-batches", type=int, default=5,
                         help="batches in each hybrid contender's timed window per repeat "
                              "(default %(default)s)")
-    parser.add_argument("--hybrid-hidden", default="64",
+    parser.add_argument("--hybrid-hidden", default="64", type=comma_separated(int, minimum=1),
                         help="the hybrid benchmark tower's hidden widths, comma-separated "
                              "(default %(default)s)")
     parser.add_argument("--tasks", type=int, default=32)
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.repeats, args.hybrid_batch, args.tasks = 1, 8192, 8
         args.meta_steps, args.sharded_batch, args.sharded_steps = 2, 8192, 2
-    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    rates = args.rates
     missing = LocalCluster.missing_requirements(rate="1gbit")
     if missing:
         print(f"benchmarks.cluster: cannot run, missing: {'; '.join(missing)}", file=sys.stderr)

@@ -55,6 +55,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
+from benchmarks.arguments import comma_separated  # noqa: E402
 from gmeta_tf.machine import machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,7 +266,8 @@ def print_gaps(differences: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one seed, 2 trials, 100 steps")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--seeds", default="0,1,2", type=comma_separated(int, minimum=0),
+                        help="comma-separated seeds")
     parser.add_argument("--trials", type=int, default=8, help="tuning trials per contender")
     parser.add_argument("--work", help="keep datasets and runs here (default: a temporary dir)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run at once (default 1)")
@@ -297,7 +299,7 @@ def main() -> None:
         parser.error(f"--np {args.ranks}: expected a number of ranks >= 1")
     if not ML100K.is_dir():
         raise SystemExit(f"MovieLens 100K not found at {ML100K}")
-    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    seeds = [0] if args.quick else args.seeds
     trials = 2 if args.quick else args.trials
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp).resolve()

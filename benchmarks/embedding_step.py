@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.arguments import comma_separated
 from benchmarks.embedding_batches import BatchSpec, batch_digest, make_batch
 from benchmarks.peers.step_driver import run_lockstep
 from benchmarks.peers.step_worker import (
@@ -114,25 +115,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=None, help="default 65536")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=",".join(CONTENDERS),
+                        type=comma_separated(choices=CONTENDERS),
                         help=f"comma-separated subset of {','.join(CONTENDERS)}")
     parser.add_argument("--tfra-optimizers", default=",".join(TFRA_OPTIMIZERS),
+                        type=comma_separated(choices=TFRA_OPTIMIZERS),
                         help="Adagrads wrapped for TFRA: legacy, keras or both")
     args = parser.parse_args(argv)
-    args.only = _choices("--only", args.only, CONTENDERS)
-    args.tfra_optimizers = _choices("--tfra-optimizers", args.tfra_optimizers, TFRA_OPTIMIZERS)
     if args.steps < 5:
         parser.error(f"--steps {args.steps}: at least 5 timed steps are needed for a median")
     if args.batch_size is None:
         args.batch_size = QUICK_BATCH if args.quick else 65536
     return args
-
-
-def _choices(flag: str, value: str, allowed: tuple[str, ...]) -> list[str]:
-    picked = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [v for v in picked if v not in allowed]
-    if unknown or not picked:
-        raise SystemExit(f"{flag} {value!r}: expected a comma-separated subset of {allowed}")
-    return picked
 
 
 def log(message: str) -> None:

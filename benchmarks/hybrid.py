@@ -163,6 +163,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.arguments import comma_separated
 from benchmarks.embedding_batches import BatchSpec, make_batch
 from gmeta_tf import distributed
 from gmeta_tf.embedding import (
@@ -682,7 +683,7 @@ def main() -> None:
                              "repeat (default %(default)s); a pipelined contender fills and "
                              "drains its pipeline once per window, so a short window holds "
                              "more of that than of its steady state")
-    parser.add_argument("--hidden", default="64",
+    parser.add_argument("--hidden", default="64", type=comma_separated(int, minimum=1),
                         help="--only speed: the tower's hidden layer widths, comma-separated "
                              "(default %(default)s; DLRM's top MLPs are wider, e.g. 512,256): "
                              "what hybrid training hides behind the exchanges is this dense "
@@ -690,13 +691,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.timed_batches < 1:
         parser.error(f"--timed-batches must be >= 1, got {args.timed_batches}")
-    try:
-        hidden = tuple(int(n) for n in args.hidden.split(",") if n.strip())
-    except ValueError:
-        hidden = ()
-    if not hidden or min(hidden) < 1:
-        parser.error(f"--hidden must be positive integers separated by commas, got "
-                     f"{args.hidden!r}")
+    hidden = tuple(args.hidden)
     distributed.init()
     spec = BatchSpec(batch_size=args.batch_size or (8192 if args.quick else 65536),
                      features=FEATURES)
