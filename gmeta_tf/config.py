@@ -65,12 +65,13 @@ class SyntheticConfig:
 class DataConfig:
     """Where the task-partitioned dataset comes from and how it is batched.
 
-    ``path`` is the dataset directory; ``prepare`` makes it from ``source``: generated
-    (``synthetic``), converted from ``raw`` (``movielens``, ``criteo``, or ``csv`` with the
-    column ``mapping``: a mapping of ``gmeta_tf.data.CsvMapping`` keys, or the path of a
-    YAML file of them), or ``dataset`` (converted beforehand; it must exist). A converted or
-    generated dataset is a cache of the config: made again when its source, mapping,
-    split or block size changed, or when its splits have fewer blocks than ranks.
+    ``path`` is the dataset directory (unless given, ``<run_dir>/data``); ``prepare``
+    makes it from ``source``: generated (``synthetic``), converted from ``raw``
+    (``movielens``, ``criteo``, or ``csv`` with the column ``mapping``: a mapping of
+    ``gmeta_tf.data.CsvMapping`` keys, or the path of a YAML file of them), or
+    ``dataset`` (converted beforehand; it must exist). A converted or generated dataset
+    is a cache of the config: made again when its source, mapping, split or block size
+    changed, or when its splits have fewer blocks than ranks.
     ``rows_per_block`` None chooses blocks from the row count and the world size.
     ``bad_rows`` is the converter's policy (``error`` or ``skip``). Relative paths are
     relative to the working directory (the project root for ``make demo``).
@@ -384,7 +385,8 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
-    """The serving SavedModel (``gmeta export``)."""
+    """The serving SavedModel (``gmeta export``), under ``dir`` (unless given,
+    ``<run_dir>/export``)."""
 
     dir: str = "runs/default/export"
     adaptation: bool = True
@@ -589,9 +591,30 @@ def _merge(into: dict, settings: Mapping) -> None:
 
 def from_dict(raw: Mapping[str, Any]) -> PipelineConfig:
     """Checks a plain dict (as YAML gives it) into a ``PipelineConfig``."""
-    config = _build(PipelineConfig, raw, "")
+    config = _build(PipelineConfig, _under_run_dir(raw), "")
     check_consistency(config)
     return config
+
+
+#: Paths a pipeline keeps under its ``run_dir`` unless it gives them: (section, key, name).
+RUN_DIR_PATHS = (("data", "path", "data"), ("export", "dir", "export"))
+
+
+def _under_run_dir(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``raw`` with ``data.path`` and ``export.dir``, where it does not give them, under its
+    ``run_dir`` (``<run_dir>/data``, ``<run_dir>/export``), so that one ``--set run_dir=...``
+    moves a run's dataset, checkpoints and SavedModel together. A value of the wrong type is
+    left for ``_build`` to name."""
+    run_dir = raw.get("run_dir", PipelineConfig.run_dir) if isinstance(raw, Mapping) else None
+    if not isinstance(run_dir, str):
+        return raw
+    out = dict(raw)
+    for section, key, name in RUN_DIR_PATHS:
+        given = out.get(section)
+        given = {} if given is None else given
+        if isinstance(given, Mapping) and key not in given:
+            out[section] = {**given, key: os.path.join(run_dir, name)}
+    return out
 
 
 def apply_override(raw: dict, item: str) -> None:

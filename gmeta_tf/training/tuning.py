@@ -405,7 +405,9 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
                  "pipeline": _digest(dataclasses.asdict(config)), "dataset": dataset,
                  "prior": _plain(prior)}
     record = _Record(root / "trials.json", study_key, resume, trials)
-    overrides = [*overrides, *(f"{key}={value}" for key, value in prior.items())]
+    # every trial reads the dataset converted here, whatever its own run directory
+    overrides = [*overrides, f"data.path={config.data.path}",
+                 *(f"{key}={value}" for key, value in prior.items())]
     root.mkdir(parents=True, exist_ok=True)
     results: list[TrialResult] = []
     write = lambda: _write_trials(root / "trials.json", metric, results,  # noqa: E731
@@ -551,6 +553,9 @@ def _recheck(config_arg: str, overrides: list[str], config: PipelineConfig, root
     count = max([len(numbers) for numbers in lists.values()], default=0)
     seeds = [f"model.seed={config.model.seed + 1}",
              f"train.shuffle_seed={config.train.shuffle_seed + 1}"]
+    if count:
+        log.info("re-checks (--rechecks %d): each study's %d best settings and the pipeline's "
+                 "own, trained again with other seeds: %d runs", rechecks, rechecks, count)
     out: dict[tuple[str, int], list[float]] = {}
     for i in range(count):
         picks = {name: numbers[i] for name, numbers in lists.items() if i < len(numbers)}

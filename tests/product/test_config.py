@@ -25,6 +25,19 @@ def test_ready_pipelines_load(name):
     assert config.model.tables and config.train.steps >= 1
 
 
+@pytest.mark.parametrize("name", ["default", "movielens", "ratings", "criteo"])
+def test_a_run_directory_holds_its_dataset_and_export_unless_they_are_given(name, tmp_path):
+    """One ``--set run_dir=...`` moves a ready pipeline's dataset and SavedModel with its
+    checkpoints; a path given beside it is kept."""
+    config = load_config(name, [f"run_dir={tmp_path}"])
+    assert (config.data.path, config.export.dir) == (str(tmp_path / "data"),
+                                                     str(tmp_path / "export"))
+    given = load_config(name, [f"run_dir={tmp_path}", f"data.path={tmp_path / 'shared'}",
+                               f"export.dir={tmp_path / 'served'}"])
+    assert (given.data.path, given.export.dir) == (str(tmp_path / "shared"),
+                                                   str(tmp_path / "served"))
+
+
 def test_overrides_change_typed_values(tmp_path):
     config = load_config("default", ["train.steps=7", "meta.enabled=false",
                                      "model.top_units=[16, 4]", f"run_dir={tmp_path}"])

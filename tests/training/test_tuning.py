@@ -242,3 +242,22 @@ def test_a_study_whose_config_file_changed_is_not_resumed(monkeypatch, tmp_path)
     with pytest.raises(ConfigError, match=r"had another pipeline \(the checked config \(a "
                                           r"file edited since\?\)\)"):
         tuning.tune(*args, trials=3, rechecks=0, resume=True)
+
+
+def test_every_trial_reads_the_dataset_the_tune_converted(monkeypatch, tmp_path):
+    """A trial trains in its own run directory, under which its dataset would be by
+    default (``<run_dir>/data``): every trial and re-check is given the tune's dataset,
+    converted once, instead of converting its own."""
+    overrides_seen = []
+
+    def run_trial(config_arg, overrides, root, merged, np_, patience):
+        overrides_seen.append(list(overrides))
+        return {"model": 0.7, "baseline": 0.6}, {"model": 10, "baseline": 10}, "ok"
+
+    monkeypatch.setattr(tuning, "run_trial", run_trial)
+    monkeypatch.setattr(tuning, "check_data", lambda config, np_: "data")
+    monkeypatch.setattr(tuning, "chosen_factor_settings", lambda config: {})
+    tuning.tune("default", [f"run_dir={tmp_path}"], trials=2, rechecks=1)
+    assert len(overrides_seen) == 2 + 1
+    for overrides in overrides_seen:
+        assert f"data.path={tmp_path / 'data'}" in overrides

@@ -285,9 +285,14 @@ def _log_skips(counts: collections.Counter, split: SplitConfig) -> None:
         log.warning("dropped %d tasks with fewer than %d rows (min_rows)",
                     counts["dropped_short"], split.min_rows)
     if counts["dropped_long"]:
-        log.warning("dropped %d tasks with more than %s rows (max_rows)",
-                    counts["dropped_long"], split.max_rows)
+        if split.train_long_tasks:
+            log.warning("dropped %d tasks drawn for the cold split with more than %s rows "
+                        "(max_rows bounds the scored tasks; long warm tasks are trained on)",
+                        counts["dropped_long"], split.max_rows)
+        else:
+            log.warning("dropped %d tasks with more than %s rows (max_rows)",
+                        counts["dropped_long"], split.max_rows)
     if counts["long_tasks_moved_to_warm"]:
-        log.info("trained on %d warm tasks drawn for validation: more than %s rows "
-                 "(max_rows bounds the scored tasks)", counts["long_tasks_moved_to_warm"],
-                 split.max_rows)
+        log.info("moved %d tasks drawn for the validation split with more than %s rows to "
+                 "the warm split, to be trained on (max_rows bounds the scored tasks)",
+                 counts["long_tasks_moved_to_warm"], split.max_rows)
