@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
+import difflib
 import logging
 import os
 import re
@@ -514,18 +515,22 @@ def _located(message: str, path: Path, text: str, overrides: Sequence[str],
     for item in reversed(list(overrides)):
         if covers(item.partition("=")[0].strip()):
             return f"--set {item}: {message}"
-    if tuned is not None and any(covers(k) for k in _dotted_keys(tuned[1])):
+    # the tuned file's own settings (its leaves): a section it sets inside is not a key of it
+    if tuned is not None and any(covers(k) for k in _dotted_keys(tuned[1], leaves=True)):
         return f"tuned settings {tuned[0]}: {message}"
     line = _key_line(text, key)
     return f"config file {path}, line {line}: {message}" if line else message
 
 
-def _dotted_keys(settings: Mapping, prefix: str = "") -> list[str]:
+def _dotted_keys(settings: Mapping, prefix: str = "", leaves: bool = False) -> list[str]:
+    """Every dotted key of nested ``settings``; ``leaves``: only those holding a value."""
     keys = []
     for k, v in settings.items():
-        keys.append(f"{prefix}{k}")
         if isinstance(v, Mapping):
-            keys += _dotted_keys(v, f"{prefix}{k}.")
+            keys += [] if leaves else [f"{prefix}{k}"]
+            keys += _dotted_keys(v, f"{prefix}{k}.", leaves)
+        else:
+            keys.append(f"{prefix}{k}")
     return keys
 
 
@@ -678,8 +683,9 @@ def _build(cls: type, raw: Any, prefix: str, derived: Mapping[str, Any] | None =
     unknown = [k for k in raw if k not in fields]
     if unknown:
         key = _join(prefix, str(unknown[0]))
+        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
         why = (f"'{prefix}' gets it from the pipeline" if unknown[0] in derived
-               else "unknown key")
+               else f"unknown key (did you mean '{close[0]}'?)" if close else "unknown key")
         raise ConfigError(f"config key '{key}' is not allowed: {why}; "
                           f"'{prefix or '<top>'}' allows {sorted(fields)}")
     hints = typing.get_type_hints(cls)

@@ -25,6 +25,9 @@ from gmeta_tf.meta import metrics
 
 #: Metrics where lower is better; the others are higher-is-better.
 LOWER_IS_BETTER = ("mae", "logloss")
+#: A resample's gap at most this large is a tie (counted half to each side): below the four
+#: decimals reported, as two predictors that differ by float rounding alone differ.
+TIE = 1e-6
 #: At most this many weights are held at once (resamples x units), bounding memory.
 _CHUNK_ELEMENTS = 4_000_000
 
@@ -91,7 +94,8 @@ def paired_gaps(task_ids: np.ndarray, binary: np.ndarray, relevance: np.ndarray,
         "metrics": {name: {"gap", "low", "high", "first_better"}}}``: ``gap`` is the
         difference of the two predictors' metric on the rows as scored, ``low``/``high``
         the interval's ends, ``first_better`` the fraction of resamples where ``first`` was
-        the better one (higher, or lower for MAE and log loss).
+        the better one (higher, or lower for MAE and log loss; a gap within ``TIE`` counts
+        half).
 
     Raises:
         ValueError: No rows, or arrays of different lengths.
@@ -152,12 +156,14 @@ def paired_gaps(task_ids: np.ndarray, binary: np.ndarray, relevance: np.ndarray,
         for name, chunks in parts.items():
             v = np.concatenate(chunks)
             v = v[np.isfinite(v)]
-            better = v < 0 if name in LOWER_IS_BETTER else v > 0
+            tied = np.abs(v) <= TIE
+            better = ((v < 0) if name in LOWER_IS_BETTER else (v > 0)) & ~tied
             result[name] = {"gap": float(point[name][0]),
                             "low": float(np.percentile(v, tail)) if len(v) else float("nan"),
                             "high": (float(np.percentile(v, 100.0 - tail)) if len(v)
                                      else float("nan")),
-                            "first_better": float(better.mean()) if len(v) else float("nan")}
+                            "first_better": (float(better.mean() + tied.mean() / 2)
+                                             if len(v) else float("nan"))}
         results.append({"unit": "task" if per_task else "row", "units": n_units,
                         "resamples": resamples, "level": level, "metrics": result})
     return results

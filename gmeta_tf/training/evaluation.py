@@ -808,7 +808,8 @@ def format_gaps(first: str, paired: list[dict], metrics: list[str]) -> str:
     signs = ", ".join(f"{m} {'< 0' if m in LOWER_IS_BETTER else '> 0'}" for m in metrics)
     head = (f"{first} minus each row: the gap, its {p0['level']:.0%} interval over "
             f"{p0['resamples']} resamples of the {p0['units']} {p0['unit']}s scored, and the "
-            f"share of resamples where {first.split(' (')[0]} is better ({signs}: better)")
+            f"share of resamples where {first.split(' (')[0]} is better ({signs}: better; a tie "
+            f"counts half)")
 
     def cell(g: dict) -> str:
         if any(g[k] is None for k in ("gap", "low", "high", "first_better")):

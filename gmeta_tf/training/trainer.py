@@ -67,7 +67,7 @@ from gmeta_tf.meta.task_adapter import initial_ridge
 from gmeta_tf.models.embedding_inputs import embedding_inputs
 from gmeta_tf.training.config_check import check_against_dataset
 from gmeta_tf.training.devices import configure_devices
-from gmeta_tf.training.evaluation import Validator, selection_metric
+from gmeta_tf.training.evaluation import Validator, guards_linear_start, selection_metric
 from gmeta_tf.training.model_builder import (Models, build_models, dense_slow_variables,
                                              set_configured_blend)
 from gmeta_tf.training.dense_scaling import fit_dense_scaling
@@ -516,17 +516,19 @@ class Trainer:
                     stopped = step
                     stopping = out_of_patience or models.names
                     log.info("early stopping at step %d: the %s %s not improved %s "
-                             "validation %s in %d evaluations; no model is left training",
+                             "validation %s in %d evaluations%s; no model is left training",
                              step, " and the ".join(stopping),
                              "has" if len(stopping) == 1 else "have",
                              "its" if len(stopping) == 1 else "their",
-                             selection.metric, t.patience)
+                             selection.metric, t.patience,
+                             self._linear_start_kept(stopping, selection))
                     break
                 if out_of_patience:
                     log.info("step %d: the %s has not improved its validation %s in %d "
-                             "evaluations: it stops training here (best at step %s); the %s "
+                             "evaluations%s: it stops training here (best at step %s); the %s "
                              "trains on", step, " and the ".join(out_of_patience),
                              selection.metric, t.patience,
+                             self._linear_start_kept(out_of_patience, selection),
                              ", ".join(str(selection.best[n].step) for n in out_of_patience
                                        if n in selection.best),
                              " and the ".join(n for n in models.names
@@ -680,6 +682,16 @@ class Trainer:
                 "wait_for_rows_s": float(seconds[0]), "dense_s": float(seconds[1]),
                 "cache_rebalance_s": float(seconds[2])}
 
+    def _linear_start_kept(self, names: list[str], selection: Selection) -> str:
+        """What "improved" meant for those of ``names`` whose best is still the linear start
+        (``train.linear_margin``): a clause for the log, empty for the others."""
+        kept = [n for n in names if n in selection.best and selection.best[n].step == 0]
+        if not kept or not guards_linear_start(self.config):
+            return ""
+        return (f" (the {' and the '.join(kept)} still at the linear start, step 0, which a "
+                f"checkpoint replaces only when better by more than "
+                f"train.linear_margin = {self.config.train.linear_margin:g} standard errors)")
+
     def _validate(self, step: int, models: Models, tensorboard: "_Scalars",
                   selection: Selection) -> tuple[dict[str, float], list[str]]:
         """Scores the models on the validation split; returns the main model's metrics and
@@ -696,10 +708,17 @@ class Trainer:
         parts = []
         for name, metrics in results.items():
             best = selection.best.get(name)
-            mark = "best" if name in improved else (f"best {best.value:.4f} at step {best.step}"
-                                                   if best else "no best yet")
+            margin = metrics.get("linear_margin")
+            if name in improved:
+                mark = "best"
+            elif best and best.step == 0 and margin is not None:
+                mark = (f"best {best.value:.4f} at step 0, the linear start, which a checkpoint "
+                        f"replaces only when better by more than {margin:.4f}: "
+                        f"train.linear_margin standard errors")
+            else:
+                mark = f"best {best.value:.4f} at step {best.step}" if best else "no best yet"
             shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
-                              if k not in ("rows", "tasks"))
+                              if k not in ("rows", "tasks", "linear_margin"))
             parts.append(f"{name}: {shown} ({mark})")
             tensorboard.write(step, {f"validation/{name}/{k}": v for k, v in metrics.items()})
         main = results.get("model", {})

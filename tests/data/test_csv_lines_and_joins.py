@@ -88,11 +88,16 @@ def test_columns_name_a_header_files_columns_in_place_of_its_header_line(tmp_pat
     assert list(by_flag) == list(want) and all(by_flag[f].equals(want[f]) for f in by_flag)
 
 
-def test_bad_rows_skip_drops_malformed_lines_and_bad_values_and_counts_them(tmp_path):
+def test_bad_rows_skip_drops_malformed_lines_and_bad_values_and_counts_them(tmp_path, caplog):
     lines = GOOD[:10] + ["", "u1,7", "u2,3,five,7", ",4,3,9", "u3,4,9,9", "u4,1,2,3,4"] + GOOD[10:]
     src = ratings(tmp_path / "r.csv", lines)
-    m = data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
-                         output=data.OutputConfig(bad_rows="skip"))
+    with caplog.at_level("WARNING"):
+        m = data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
+                             output=data.OutputConfig(bad_rows="skip"))
+    # each skipped value is named: the file, column, line and value
+    assert (f"{src}: column 'rating': line 14: not a number (got 'five'): row skipped"
+            in caplog.text)
+    assert "line 15: empty task value" in caplog.text
     assert rows_of(tmp_path / "out") == len(GOOD)
     counts = {k: m.split[k] for k in ("lines_skipped_malformed", "rows_skipped_bad_value",
                                       "rows_skipped_bad_label", "blank_lines", "rows_in")}

@@ -84,7 +84,8 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
     ("meta.algorithm=sgd", "config key 'meta.algorithm' = 'sgd' is not allowed: expected one of "
                            "['maml', 'fomaml', 'reptile']"),
     ("meta.enabled=maybe", "'meta.enabled' = 'maybe' is not allowed: expected true or false"),
-    ("train.stepz=3", "config key 'train.stepz' is not allowed: unknown key; 'train' allows"),
+    ("train.stepz=3", "config key 'train.stepz' is not allowed: unknown key (did you mean "
+     "'steps'?); 'train' allows"),
     ("model.top_units=64", "'model.top_units' = 64 is not allowed: expected a list of integers"),
     ("model.tables.user.optimizer=rmsprop", "'model.tables.user.optimizer' = 'rmsprop' is not "
                                             "allowed: expected one of ['sgd', 'adagrad', 'adam']"),
@@ -393,3 +394,26 @@ def test_cli_prints_the_checked_config(capsys):
     assert main(["config", "--set", "train.steps=9"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["train"]["steps"] == 9 and printed["meta"]["algorithm"] == "maml"
+
+
+def test_a_misspelt_key_in_the_file_is_blamed_on_the_file_not_on_tuned_settings(tmp_path):
+    """With ``tuned.yaml`` in the run directory setting other keys of the same section, a
+    misspelt key of the config file is named at the file's line, with the key it resembles."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tuned.yaml").write_text(yaml.safe_dump({"train": {"learning_rate": 0.01}}))
+    config = tmp_path / "mine.yaml"
+    text = (PIPELINES_DIR / "default.yaml").read_text().replace(
+        "\ntrain:\n", "\ntrain:\n  learnig_rate: 0.02\n", 1)
+    config.write_text(text)
+    line = text.splitlines().index("  learnig_rate: 0.02") + 1
+    with pytest.raises(ConfigError) as err:
+        load_config(config, [f"run_dir={run}"])
+    assert str(err.value).startswith(
+        f"config file {config}, line {line}: config key 'train.learnig_rate' is not allowed: "
+        f"unknown key (did you mean 'learning_rate'?)")
+    # a key the tuned settings themselves set is still theirs
+    (run / "tuned.yaml").write_text(yaml.safe_dump({"train": {"steps": -1}}))
+    with pytest.raises(ConfigError, match=r"^tuned settings .*tuned.yaml: config key "
+                                          r"'train.steps' = -1"):
+        load_config(PIPELINES_DIR / "default.yaml", [f"run_dir={run}"])

@@ -37,8 +37,8 @@ CTR = ["meta.enabled=false"]
     (CTR + ["train.hybrid=2"],
      "config key 'train.hybrid' = 2 is not allowed: expected a mapping with keys ['staleness']"),
     (CTR + ["train.hybrid.stalenes=2"],
-     "config key 'train.hybrid.stalenes' is not allowed: unknown key; 'train.hybrid' allows "
-     "['staleness']"),
+     "config key 'train.hybrid.stalenes' is not allowed: unknown key (did you mean "
+     "'staleness'?); 'train.hybrid' allows ['staleness']"),
     (["train.hybrid.staleness=2"],  # the meta model: refused, not silently synchronous
      "config key 'train.hybrid' = {'staleness': 2} is not allowed: expected no hybrid section "
      "while meta.enabled is true: hybrid training supports the plain CTR model only"),

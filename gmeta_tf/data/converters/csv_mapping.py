@@ -55,6 +55,9 @@ from gmeta_tf.data.schema import (LABEL_COLUMN, ROW_TASK_BITS, TASK_COLUMN, Feat
 from gmeta_tf.data.split import ORDER_COLUMN, SplitConfig
 
 log = logging.getLogger(__name__)
+
+#: How many rows a conversion skipping bad values names in its log (the rest are counted).
+SKIPPED_ROWS_LOGGED = 3
 LABEL = LABEL_COLUMN
 
 
@@ -267,6 +270,14 @@ class _RowParser:
                             "drops such rows",
                             file=path, column=in_header.get(column, column),
                             value=text[column][i].as_py())
+        # the first few skipped rows, each named as the error policy would name it
+        for i in np.flatnonzero(bad)[:max(0, SKIPPED_ROWS_LOGGED
+                                          - self.counts.rows_skipped_bad_value)]:
+            _, column, problem = next(p for p in problems if p[0][i])
+            log.warning("%s: column '%s': line %d: %s (got %r): row skipped (data.bad_rows: "
+                        "skip; the first %d such rows are named)", path,
+                        in_header.get(column, column), lines[i], problem,
+                        text[column][i].as_py(), SKIPPED_ROWS_LOGGED)
         self.counts.rows_skipped_bad_value += int(bad.sum())
         return ~bad
 
