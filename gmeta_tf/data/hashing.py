@@ -31,18 +31,32 @@ def _fingerprint(values: list[str], salt: str) -> np.ndarray:
     return tf.strings.to_hash_bucket_fast(salted, 2**63 - 1).numpy()
 
 
-def to_ids(values: pa.Array | pa.ChunkedArray, salt: str) -> np.ndarray:
+def to_ids(values, salt: str) -> np.ndarray:
     """Maps a column of raw categorical values to int64 ids (see module docstring).
 
     Args:
-        values: Integer or string values; nulls allowed.
-        salt: Mixed into hashes (use the column name).
+        values: Integer or string values, nulls (None) allowed: a pyarrow array, or any
+            sequence pyarrow reads as one (a list, a NumPy array), e.g. the values of one
+            CSV column for a serving request.
+        salt: Mixed into hashes: the column's name, as the conversion used it.
 
     Returns:
         int64 array of the same length.
+
+    Raises:
+        TypeError: ``values`` mixes strings and numbers, or is not a sequence of values.
     """
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
+    elif not isinstance(values, pa.Array):
+        try:
+            values = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as err:
+            raise TypeError(f"to_ids: expected one column's values, all strings or all "
+                            f"integers (None for a missing one), got {values!r:.200} ({err})"
+                            ) from err
+    if pa.types.is_null(values.type):  # every value missing
+        return np.full(len(values), MISSING_ID, np.int64)
     if pa.types.is_integer(values.type):
         ids = values.cast(pa.int64()).fill_null(MISSING_ID).to_numpy(zero_copy_only=False)
         negative = ids < 0

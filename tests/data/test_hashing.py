@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from gmeta_tf.data import PAD_ID, hashing
 
@@ -22,3 +23,14 @@ def test_non_negative_integers_keep_their_value_and_the_rest_is_hashed_alike():
     assert ints[4] >= 0 and ints[4] != ints[0]
     # salted with the column: the same value of two columns is two ids
     assert hashing.to_ids(pa.array(["-1"]), "C19")[0] != text[0]
+
+
+def test_a_plain_list_or_array_is_hashed_as_the_column_it_came_from():
+    """A serving client holds a request's values as a list: the ids are the conversion's."""
+    column = ["s1a2", "12", "", None, "-1"]
+    np.testing.assert_array_equal(hashing.to_ids(column, "site_id"),
+                                  hashing.to_ids(pa.array(column), "site_id"))
+    np.testing.assert_array_equal(hashing.to_ids(np.array([3, 7]), "c1"), [3, 7])
+    np.testing.assert_array_equal(hashing.to_ids([None, None], "c1"), [0, 0])
+    with pytest.raises(TypeError, match="to_ids: expected one column's values"):
+        hashing.to_ids(["a", 1], "c1")
