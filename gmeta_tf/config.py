@@ -570,10 +570,46 @@ def _apply_tuned(raw: dict, overrides: Sequence[str]) -> tuple[Path, dict] | Non
     if not isinstance(settings, dict):
         raise ConfigError(f"tuned settings {path}: expected a mapping, got "
                           f"{type(settings).__name__}")
-    settings.pop(TUNED_AT_KEY, None)
+    at_tune = settings.pop(TUNED_AT_KEY, None)
+    _warn_of_edits_since_tuning(path, settings, at_tune, probe, overrides)
     _merge(raw, settings)
     logging.getLogger(__name__).info("using the settings gmeta tune chose: %s", path)
     return path, settings
+
+
+_ABSENT = object()
+
+
+def _dotted_get(settings: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(settings, Mapping) or part not in settings:
+            return _ABSENT
+        settings = settings[part]
+    return settings
+
+
+def _warn_of_edits_since_tuning(path: Path, settings: Mapping, at_tune: Any, current: Mapping,
+                                overrides: Sequence[str]) -> None:
+    """Warns of each tuned key the config (with its ``--set`` overrides) now gives another
+    value than it gave when ``gmeta tune`` ran (``tuned_at.pipeline``): the tuned value still
+    wins over it, which an edit made after tuning does not expect. A key a ``--set`` gives
+    is not warned of: the override wins over both."""
+    then = at_tune.get("pipeline") if isinstance(at_tune, Mapping) else None
+    if not isinstance(then, Mapping):
+        return
+    overridden = [item.partition("=")[0].strip() for item in overrides]
+    changed = []
+    for key, old in then.items():
+        now, tuned = _dotted_get(current, key), _dotted_get(settings, key)
+        if (now is _ABSENT or tuned is _ABSENT or now == old
+                or any(key == o or key.startswith(o + ".") for o in overridden)):
+            continue
+        changed.append(f"{key}: {old!r} when tuned, {now!r} now, {tuned!r} used")
+    if changed:
+        logging.getLogger(__name__).warning(
+            "%s: the config gives other values than when gmeta tune ran for settings it chose; "
+            "the tuned ones are used (tune again, delete the file to train the config's own, "
+            "or --set one, which wins over both): %s", path, "; ".join(changed))
 
 
 def tuned_world_size(run_dir: str | os.PathLike) -> int | None:

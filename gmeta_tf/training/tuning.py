@@ -448,6 +448,14 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
                               f"{root}/trial-*/train.log")
         ranked[name] = [t.number for t in sorted(done, key=lambda t: t.value,
                                                  reverse=maximize)]
+        if len(done) > 1 and len({round(t.value, 10) for t in done}) == 1:
+            steps = {results[t.number].best_steps.get(name) for t in done}
+            log.warning("gmeta tune: every completed trial of the %s scored the same validation "
+                        "%s, %.4f%s: the search cannot tell its settings apart on this "
+                        "validation split, and the pipeline's own (trial 0) are kept", name,
+                        metric, done[0].value,
+                        " (each kept its checkpoint of step 0, the linear start)"
+                        if steps == {0} else "")
     rechecked = _recheck(config_arg, overrides, config, root, results, ranked, rechecks,
                          np_, patience, write, record.recheck)
     chosen = {}
@@ -635,7 +643,17 @@ def write_tuned(config: PipelineConfig, summary: dict) -> Path:
         lines.append("#   the factor prior (model.prior): chosen once before the trials, by "
                      "its fold-in's loss on the validation split and on training tasks held "
                      "out in turn; every trial used it")
-    nested[TUNED_AT_KEY] = {"world_size": summary["world_size"]}
+    # the pipeline's own value of each chosen key, so a later edit of it can be told apart
+    own = config.to_dict()
+    pipeline = {}
+    for key in [k for c in summary["chosen"].values() for k in c["settings"]] + list(
+            summary.get("prior", {})):
+        value = own
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            pipeline[key] = value
+    nested[TUNED_AT_KEY] = {"world_size": summary["world_size"], "pipeline": pipeline}
     text = "\n".join(lines) + "\n" + yaml.safe_dump(nested, sort_keys=True)
     path = Path(config.run_dir) / TUNED_FILE
     write_text_atomically(path, text)

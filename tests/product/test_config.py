@@ -417,3 +417,28 @@ def test_a_misspelt_key_in_the_file_is_blamed_on_the_file_not_on_tuned_settings(
     with pytest.raises(ConfigError, match=r"^tuned settings .*tuned.yaml: config key "
                                           r"'train.steps' = -1"):
         load_config(PIPELINES_DIR / "default.yaml", [f"run_dir={run}"])
+
+
+def test_a_setting_edited_after_tuning_is_warned_of_and_the_tuned_value_kept(tmp_path, caplog):
+    """``tuned.yaml`` wins over the config file (below any ``--set``): a tuned key the file
+    gives another value than when ``gmeta tune`` ran is named in a warning."""
+    run = tmp_path / "run"
+    run.mkdir()
+    text = (PIPELINES_DIR / "default.yaml").read_text()
+    own = load_config("default", [f"run_dir={tmp_path / 'other'}"]).model.embedding_dim
+    (run / "tuned.yaml").write_text(yaml.safe_dump({
+        "model": {"embedding_dim": own + 4},
+        "tuned_at": {"world_size": 1, "pipeline": {"model.embedding_dim": own}}}))
+    config = tmp_path / "mine.yaml"
+    config.write_text(text)
+    with caplog.at_level("WARNING", logger="gmeta_tf.config"):
+        assert load_config(config, [f"run_dir={run}"]).model.embedding_dim == own + 4
+    assert "when gmeta tune ran" not in caplog.text  # not edited: the tuned value, silently
+    config.write_text(text.replace(f"embedding_dim: {own}\n", "embedding_dim: 32\n", 1))
+    with caplog.at_level("WARNING", logger="gmeta_tf.config"):
+        assert load_config(config, [f"run_dir={run}"]).model.embedding_dim == own + 4
+    assert f"model.embedding_dim: {own} when tuned, 32 now, {own + 4} used" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gmeta_tf.config"):
+        loaded = load_config(config, [f"run_dir={run}", "model.embedding_dim=16"])
+    assert loaded.model.embedding_dim == 16 and "when gmeta tune ran" not in caplog.text

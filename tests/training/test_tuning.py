@@ -4,6 +4,7 @@ import math
 
 import optuna
 import pytest
+import yaml
 
 from gmeta_tf.config import load_config
 from gmeta_tf.training import tuning
@@ -261,3 +262,28 @@ def test_every_trial_reads_the_dataset_the_tune_converted(monkeypatch, tmp_path)
     assert len(overrides_seen) == 2 + 1
     for overrides in overrides_seen:
         assert f"data.path={tmp_path / 'data'}" in overrides
+    # tuned.yaml records the pipeline's own value of every key it sets (a later edit of
+    # the config is then told apart from a value the tune chose)
+    tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
+    own = load_config("default", [f"run_dir={tmp_path}"], tuned=False)
+    assert tuned["tuned_at"]["pipeline"]["meta.inner_lr"] == own.meta.inner_lr
+    assert set(tuned["tuned_at"]["pipeline"]) >= {"meta.inner_lr", "eval.baseline_lr"}
+
+
+def test_trials_that_all_score_alike_are_warned_of_and_the_pipeline_settings_kept(
+        monkeypatch, tmp_path, caplog):
+    """Every trial kept the linear start (step 0) and so scored the same: the tune says the
+    search could not tell the settings apart, and keeps the pipeline's own."""
+
+    def run_trial(config_arg, overrides, root, merged, np_, patience):
+        return {"model": 0.6615}, {"model": 0}, "ok"
+
+    monkeypatch.setattr(tuning, "run_trial", run_trial)
+    monkeypatch.setattr(tuning, "check_data", lambda config, np_: "data")
+    monkeypatch.setattr(tuning, "chosen_factor_settings", lambda config: {})
+    with caplog.at_level("WARNING", logger="gmeta_tf.training.tuning"):
+        summary = tuning.tune("default", [f"run_dir={tmp_path}", "meta.enabled=false",
+                                          "train.baseline=false"], trials=3, rechecks=1)
+    assert summary["chosen"]["model"]["trial"] == 0
+    assert ("every completed trial of the model scored the same validation auc, 0.6615 (each "
+            "kept its checkpoint of step 0, the linear start)") in caplog.text
