@@ -499,7 +499,9 @@ def test_gmeta_tune_gives_both_contenders_the_same_trials_and_writes_tuned_setti
     rechecked = yaml.safe_load(Path(tmp_path, "tune", "recheck-0", "config.yaml").read_text())
     assert rechecked["model"]["seed"] == 1 and rechecked["train"]["shuffle_seed"] == 1
     tuned = yaml.safe_load(Path(tmp_path, "tuned.yaml").read_text())
-    assert tuned["tuned_at"] == {"world_size": 1}
+    assert tuned["tuned_at"]["world_size"] == 1
+    # the pipeline's own value of each key the tune set (trial 0's settings)
+    assert tuned["tuned_at"]["pipeline"]["meta.inner_steps"] == 1
     assert {"inner_steps", "inner_lr", "learn_inner_lr"} <= set(tuned["meta"])
     assert {"baseline_lr", "baseline_steps"} <= set(tuned["eval"])
     config = load_config("default", overrides)
