@@ -509,14 +509,11 @@ def _located(message: str, path: Path, text: str, overrides: Sequence[str],
         return message
     key = re.sub(r"\[\d+\]", "", found.group(1))  # a list item's key: the list's
 
-    def covers(other: str) -> bool:
-        return other == key or key.startswith(other + ".") or other.startswith(key + ".")
-
     for item in reversed(list(overrides)):
-        if covers(item.partition("=")[0].strip()):
+        if _covers(key, item.partition("=")[0].strip()):
             return f"--set {item}: {message}"
     # the tuned file's own settings (its leaves): a section it sets inside is not a key of it
-    if tuned is not None and any(covers(k) for k in _dotted_keys(tuned[1], leaves=True)):
+    if tuned is not None and any(_covers(key, k) for k in _dotted_keys(tuned[1], leaves=True)):
         return f"tuned settings {tuned[0]}: {message}"
     line = _key_line(text, key)
     return f"config file {path}, line {line}: {message}" if line else message
@@ -577,15 +574,23 @@ def _apply_tuned(raw: dict, overrides: Sequence[str]) -> tuple[Path, dict] | Non
     return path, settings
 
 
-_ABSENT = object()
+#: What ``dotted_value`` returns for a key the settings do not hold.
+ABSENT = object()
 
 
-def _dotted_get(settings: Any, key: str) -> Any:
+def dotted_value(settings: Any, key: str) -> Any:
+    """The value nested ``settings`` hold at the dotted ``key``, or ``ABSENT``."""
     for part in key.split("."):
         if not isinstance(settings, Mapping) or part not in settings:
-            return _ABSENT
+            return ABSENT
         settings = settings[part]
     return settings
+
+
+def _covers(key: str, other: str) -> bool:
+    """Whether setting the dotted key ``other`` sets ``key``, a key inside it or a section
+    holding it."""
+    return other == key or key.startswith(other + ".") or other.startswith(key + ".")
 
 
 def _warn_of_edits_since_tuning(path: Path, settings: Mapping, at_tune: Any, current: Mapping,
@@ -600,9 +605,9 @@ def _warn_of_edits_since_tuning(path: Path, settings: Mapping, at_tune: Any, cur
     overridden = [item.partition("=")[0].strip() for item in overrides]
     changed = []
     for key, old in then.items():
-        now, tuned = _dotted_get(current, key), _dotted_get(settings, key)
-        if (now is _ABSENT or tuned is _ABSENT or now == old
-                or any(key == o or key.startswith(o + ".") for o in overridden)):
+        now, tuned = dotted_value(current, key), dotted_value(settings, key)
+        if (now is ABSENT or tuned is ABSENT or now == old
+                or any(_covers(key, o) for o in overridden)):
             continue
         changed.append(f"{key}: {old!r} when tuned, {now!r} now, {tuned!r} used")
     if changed:

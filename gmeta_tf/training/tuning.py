@@ -76,9 +76,9 @@ from typing import Any, Callable
 import yaml
 
 from gmeta_tf.atomic_file import write_text_atomically
-from gmeta_tf.config import (TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig,
-                             baseline_embedding_l2, load_config, override_value,
-                             ridge_applies)
+from gmeta_tf.config import (ABSENT, TUNED_AT_KEY, TUNED_FILE, ConfigError, PipelineConfig,
+                             baseline_embedding_l2, dotted_value, load_config,
+                             override_value, ridge_applies)
 from gmeta_tf.training.evaluation import (HIGHER_IS_BETTER, baseline_ridge, baseline_steps,
                                          selection_metric)
 from gmeta_tf.training.prior_fit import chosen_factor_settings
@@ -257,8 +257,7 @@ def run_trial(config_arg: str, base_overrides: list[str], trial_dir: Path,
     if trial_dir.exists():
         shutil.rmtree(trial_dir)
     overrides = list(base_overrides) + [
-        f"run_dir={trial_dir}", f"export.dir={trial_dir}/export",
-        f"train.patience={patience}", "train.keep_checkpoints=1"]
+        f"run_dir={trial_dir}", f"train.patience={patience}", "train.keep_checkpoints=1"]
     overrides += [f"{k}={override_value(v)}" for k, v in settings.items()]
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     trial_dir.mkdir(parents=True)
@@ -645,14 +644,10 @@ def write_tuned(config: PipelineConfig, summary: dict) -> Path:
                      "out in turn; every trial used it")
     # the pipeline's own value of each chosen key, so a later edit of it can be told apart
     own = config.to_dict()
-    pipeline = {}
-    for key in [k for c in summary["chosen"].values() for k in c["settings"]] + list(
-            summary.get("prior", {})):
-        value = own
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is not None:
-            pipeline[key] = value
+    keys = [k for c in summary["chosen"].values() for k in c["settings"]] + list(
+        summary.get("prior", {}))
+    pipeline = {k: v for k in keys
+                if (v := dotted_value(own, k)) is not ABSENT and v is not None}
     nested[TUNED_AT_KEY] = {"world_size": summary["world_size"], "pipeline": pipeline}
     text = "\n".join(lines) + "\n" + yaml.safe_dump(nested, sort_keys=True)
     path = Path(config.run_dir) / TUNED_FILE
