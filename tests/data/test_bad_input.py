@@ -220,6 +220,26 @@ def test_converter_names_a_missing_input_column(tmp_path):
         data.convert_csv(str(src), str(tmp_path / "out"), {**MAPPING, "dense": ["price"]}, split=SPLIT)
 
 
+@pytest.mark.parametrize("column, value, expected", [
+    ("label", "x", "a number in [0, 1]"),
+    ("price", "cheap", "a number, or an empty cell, NA or NaN for a missing value (read as 0)"),
+    ("ts", "yesterday", "seconds, or an ISO-8601 date-time")])
+def test_a_value_that_is_not_a_number_is_named_with_what_its_column_takes(
+        tmp_path, column, value, expected):
+    rows = {"label": "1", "price": "2.5", "ts": "2026-12-06T10:00:00"}
+    lines = [f"{g},2.5,{n}" for n, g in enumerate(GOOD)]
+    lines.insert(7, ",".join(["4", "99", *(value if c == column else rows[c]
+                                          for c in ("label", "price", "ts"))]))
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(["user_id,item_id,label,price,ts"] + lines) + "\n")
+    mapping = {**MAPPING, "dense": ["price"], "order_by": "ts"}
+    with pytest.raises(data.DataError) as raised:
+        data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=SPLIT)
+    assert str(raised.value).startswith(f"{src}: column '{column}': line 9: not a number")
+    assert f"(got '{value}', expected {expected}" in str(raised.value)
+    assert "--bad-rows skip" in str(raised.value) and not (tmp_path / "out").exists()
+
+
 def test_converter_refuses_to_overwrite_by_default(tmp_path, raw_csv):
     convert_small(raw_csv, tmp_path / "out")
     with pytest.raises(data.DataError, match="output exists"):

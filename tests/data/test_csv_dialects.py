@@ -92,8 +92,10 @@ def test_problems_in_such_files_name_the_file_the_line_and_the_fix(tmp_path):
     with pytest.raises(data.DataError, match=r"short.dat: line 4: malformed line with 3 "
                                              r"columns, expected 4.*\(got 'u1::4::5'\)"):
         convert("short.dat", lines[:3] + ["u1::4::5"] + lines[3:])
-    with pytest.raises(data.DataError, match=r"five.dat: column 'rating': line 3: not a number"
-                                             r".*\(got 'five'\)"):
+    with pytest.raises(data.DataError, match=r"five.dat: column 'rating': line 3: not a number "
+                                             r"\(got 'five', expected a number in \[1, 5\], "
+                                             r"the range the mapping key 'label_range'.*sets; "
+                                             r"--bad-rows skip"):
         convert("five.dat", lines[:2] + ["u1::4::five::7"] + lines[2:])
     with pytest.raises(data.DataError, match=r"us.dat: line 5: the file holds the byte 0x1F"):
         convert("us.dat", lines[:4] + ["u1::4\x1f::5::7"] + lines[4:])

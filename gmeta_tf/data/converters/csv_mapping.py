@@ -47,7 +47,8 @@ from gmeta_tf.data import hashing
 from gmeta_tf.data.converters.csv_join import JoinSpec, SideTable
 from gmeta_tf.data.converters.csv_lines import (CsvCounts, CsvDialect, file_columns,
                                                 header_of, numbers, text_batches, timestamps)
-from gmeta_tf.data.converters.pipeline import OutputConfig, RawBatch, columns_to_batch, convert
+from gmeta_tf.data.converters.pipeline import (OutputConfig, RawBatch, columns_to_batch, convert,
+                                              expected_label)
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.schema import (LABEL_COLUMN, ROW_TASK_BITS, TASK_COLUMN, Feature,
@@ -223,6 +224,14 @@ class _RowParser:
                                                  "--label-range)"}
                              if mapping.label_range is not None else {})
 
+    def _expected_number(self, column: str) -> str:
+        """What a number column's cell may hold, as an error says it."""
+        m = self.mapping
+        if column == m.label:
+            lo, hi = m.label_range or (-np.inf, np.inf)
+            return expected_label(lo, hi, self.range_set_by.get(self.stored_label))
+        return "a number, or an empty cell, NA or NaN for a missing value (read as 0)"
+
     def parse(self, batch: pa.RecordBatch, lines: np.ndarray, path: str, file_index: int,
               in_header: dict[str, str] | None = None) -> RawBatch:
         """``in_header``: the header line's own name of each column the mapping key
@@ -233,16 +242,19 @@ class _RowParser:
         for side in self.sides:
             text.update(side.join(text[side.spec.main_column], self.counts))
         values, problems = {}, []
+        # (rows, column, problem, what was expected) of each check
         for column in dict.fromkeys([m.label, *m.dense]):
             values[column], bad = numbers(text[column])
-            problems.append((bad, column, "not a number"))
+            problems.append((bad, column, "not a number", self._expected_number(column)))
         if m.order_by:
             values[ORDER_COLUMN], bad = timestamps(text[m.order_by])
-            problems.append((bad, m.order_by, "not a number or an ISO date-time"))
+            problems.append((bad, m.order_by, "not a number or an ISO date-time",
+                             "seconds, or an ISO-8601 date-time such as 2026-12-06T10:00:00"))
         if m.task:
             empty_task = pc.equal(pc.utf8_trim_whitespace(text[m.task]), "").to_numpy(
                 zero_copy_only=False)
-            problems.append((empty_task, m.task, "empty task value"))
+            problems.append((empty_task, m.task, "empty task value",
+                             f"the row's task ({m.task}), not empty"))
         keep = self._keep(problems, text, lines, path, in_header)
         if keep is not None:
             text = {k: v.filter(pa.array(keep)) for k, v in text.items()}
@@ -259,25 +271,26 @@ class _RowParser:
               in_header: dict[str, str]) -> np.ndarray | None:
         """None when every row is good; otherwise the rows to keep (policy "skip")."""
         bad = np.zeros(len(lines), bool)
-        for mask, _, _ in problems:
+        for mask, *_ in problems:
             bad |= mask
         if not bad.any():
             return None
         if self.policy == "error":
             i = int(np.flatnonzero(bad)[0])
-            _, column, problem = next(p for p in problems if p[0][i])
-            raise DataError(f"line {lines[i]}: {problem}; --bad-rows skip (data.bad_rows: skip) "
-                            "drops such rows",
+            _, column, problem, expected = next(p for p in problems if p[0][i])
+            raise DataError(f"line {lines[i]}: {problem}",
                             file=path, column=in_header.get(column, column),
-                            value=text[column][i].as_py())
+                            value=text[column][i].as_py(),
+                            expected=f"{expected}; --bad-rows skip (data.bad_rows: skip) drops "
+                                     "such rows")
         # the first few skipped rows, each named as the error policy would name it
         for i in np.flatnonzero(bad)[:max(0, SKIPPED_ROWS_LOGGED
                                           - self.counts.rows_skipped_bad_value)]:
-            _, column, problem = next(p for p in problems if p[0][i])
-            log.warning("%s: column '%s': line %d: %s (got %r): row skipped (data.bad_rows: "
-                        "skip; the first %d such rows are named)", path,
+            _, column, problem, expected = next(p for p in problems if p[0][i])
+            log.warning("%s: column '%s': line %d: %s (got %r, expected %s): row skipped "
+                        "(data.bad_rows: skip; the first %d such rows are named)", path,
                         in_header.get(column, column), lines[i], problem,
-                        text[column][i].as_py(), SKIPPED_ROWS_LOGGED)
+                        text[column][i].as_py(), expected, SKIPPED_ROWS_LOGGED)
         self.counts.rows_skipped_bad_value += int(bad.sum())
         return ~bad
 

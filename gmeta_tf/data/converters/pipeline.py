@@ -173,14 +173,16 @@ def check_labels(raw: RawBatch, schema: Schema, policy: str) -> tuple[pa.RecordB
             raise DataError(f"{raw.where(i)}: {what}", file=raw.source,
                             column=raw.column(label.name), task=raw.task(i),
                             value=None if missing else float(values[i]),
-                            expected=_expected_label(lo, hi, raw.range_set_by.get(label.name)))
+                            expected=expected_label(lo, hi, raw.range_set_by.get(label.name)))
         bad |= this_bad
     if not bad.any():
         return raw.batch, 0
     return raw.batch.filter(pa.array(~bad)), int(bad.sum())
 
 
-def _expected_label(lo: float, hi: float, set_by: str | None) -> str:
+def expected_label(lo: float, hi: float, set_by: str | None) -> str:
+    """What a label cell may hold, as an error says it (``set_by``: the key that set the
+    range, if any)."""
     if not np.isfinite([lo, hi]).all():
         return "a number"
     return f"a number in [{lo:g}, {hi:g}]" + (f", the range {set_by} sets" if set_by else "")
