@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from benchmarks.arguments import comma_separated, joined
-from gmeta_tf.local_cluster import INTERFACE, LocalCluster
+from gmeta_tf.local_cluster import INTERFACE, ClusterError, LocalCluster, rate_bits
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
@@ -102,11 +102,26 @@ def summary(name: str, report: dict) -> dict:
     return {k: v for k, v in report.items() if k.startswith(("samples_per_s", "vsi_vs"))}
 
 
+def link_rates(text: str) -> list[str]:
+    """``--rates``: "unshaped" and/or tc rates (``1gbit``), each checked as it is parsed, so a
+    bad one stops the benchmark before a cluster is brought up."""
+    rates = comma_separated()(text)
+    for rate in rates:
+        if rate != "unshaped":
+            try:
+                rate_bits(rate)
+            except ClusterError as e:
+                expected = str(e).split("expected ", 1)[-1]
+                raise argparse.ArgumentTypeError(f"{rate!r} is not a rate: expected 'unshaped' "
+                                                 f"or {expected}") from None
+    return rates
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="paired repeats (>= 5 for "
                         "the figures; default %(default)s)")
-    parser.add_argument("--rates", default=",".join(RATES), type=comma_separated(),
+    parser.add_argument("--rates", default=",".join(RATES), type=link_rates,
                         help="comma-separated: unshaped and/or tc rates (default %(default)s)")
     parser.add_argument("--quick", action="store_true", help="small batches, 1 repeat")
     parser.add_argument("--only", choices=("hybrid", "meta_step", "sharded_step"),

@@ -36,3 +36,14 @@ def test_cluster_refuses_a_bad_tower_before_the_cluster_is_up(monkeypatch, capsy
     assert stop.value.code == 2
     assert "--hybrid-hidden: expected comma-separated integers >= 1, got '512,x'" in (
         capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("rates, bad", [("unshaped,fast", "fast"), ("1gbit,0mbit", "0mbit")])
+def test_cluster_refuses_a_bad_rate_before_the_cluster_is_up(monkeypatch, capsys, rates, bad):
+    monkeypatch.setattr(cluster.LocalCluster, "up", lambda *a, **k: pytest.fail("cluster up"))
+    with pytest.raises(SystemExit) as stop:
+        cluster.main(["--rates", rates])
+    assert stop.value.code == 2
+    assert f"--rates: {bad!r} is not a rate: expected 'unshaped' or a positive number" in (
+        capsys.readouterr().err)
+    assert cluster.link_rates("unshaped, 10gbit,500mbit") == ["unshaped", "10gbit", "500mbit"]
