@@ -77,6 +77,11 @@ class DataConfig:
     ``bad_rows`` is the converter's policy (``error`` or ``skip``). Relative paths are
     relative to the working directory (the project root for ``make demo``).
 
+    ``verify``: what every rank checks of its share of each split's files against the
+    dataset's manifest before ``gmeta train`` or ``eval`` reads them: ``checksum`` (size,
+    schema and SHA-256, so a file changed in place stops the run, naming it) or ``size``
+    (size and schema alone: a dataset too large to hash at every start).
+
     ``split`` is the cold-start protocol (``gmeta_tf.data.SplitConfig``, which defines the
     keys): the keys given replace the source's own protocol (``SOURCE_SPLITS``), and its
     ``seed`` is ``seed`` unless given; absent, the source's protocol (``dataset``: whatever
@@ -105,6 +110,7 @@ class DataConfig:
     query: int | None = field(5, min=1)
     batch_size: int = field(256, min=1)
     reader: Literal["auto", "arrow", "tfio_iotensor", "tfio_dataset"] = "auto"
+    verify: Literal["checksum", "size"] = "checksum"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from gmeta_tf import data as meta_io
 from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.machine import machine
-from gmeta_tf.training.config_check import check_against_dataset
+from gmeta_tf.training.config_check import check_against_dataset, check_data_files
 from gmeta_tf.training.evaluation import (by_support_size, comparison, comparison_dict,
                                          format_by_support_size, format_gaps, format_table,
                                          format_undone,
@@ -178,6 +178,13 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
     if not targets:
         raise ConfigError("config key 'eval.split' = None is not allowed with no eval.data: "
                           "expected something to score (a split, or data files)")
+    # the files read: the training split (the references) and every set to score
+    check_data_files(config, config.data.path,
+                     ["warm", config.train.validation_split,
+                      *(split for _, split, dataset, _ in targets if dataset is None)])
+    for _, _, dataset, _ in targets:
+        if dataset is not None:
+            check_data_files(config, dataset, [None])
     models, info = restore_models(config, path)
     out_dir = Path(config.run_dir, EVAL_DIR)
     os.makedirs(out_dir, exist_ok=True)

@@ -39,3 +39,11 @@ def check_against_dataset(config: PipelineConfig, manifest: meta_io.Manifest, *,
         if value is not None and value not in labels:
             raise ConfigError(f"config key 'eval.{key}' = {value!r} is not allowed: expected a "
                               f"label of {where}, one of {labels}")
+
+
+def check_data_files(config: PipelineConfig, path: str, splits: list[str | None]) -> None:
+    """Checks this rank's share of each split's files (None: every file of the dataset at
+    ``path``) against the manifest before any work: size and schema, and with
+    ``data.verify: checksum`` (the default) SHA-256. Raises DataError naming the file."""
+    for split in dict.fromkeys(splits):
+        meta_io.TaskDataset(path, split, reader=config.data.reader, verify=config.data.verify)

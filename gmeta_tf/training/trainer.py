@@ -65,7 +65,7 @@ from gmeta_tf.training.hybrid import HybridTrainer
 from gmeta_tf.meta import task_rows
 from gmeta_tf.meta.task_adapter import initial_ridge
 from gmeta_tf.models.embedding_inputs import embedding_inputs
-from gmeta_tf.training.config_check import check_against_dataset
+from gmeta_tf.training.config_check import check_against_dataset, check_data_files
 from gmeta_tf.training.devices import configure_devices
 from gmeta_tf.training.evaluation import Validator, guards_linear_start, selection_metric
 from gmeta_tf.training.model_builder import (Models, build_models, dense_slow_variables,
@@ -156,14 +156,17 @@ class Trainer:
 
     def _check_inputs(self) -> None:
         """Every rank checks the config against the dataset and its share of the data
-        files (sizes and footers) before anything is changed; a failure anywhere stops
-        every rank, with the run directory untouched."""
+        files (sizes, schemas and, under ``data.verify: checksum``, SHA-256) before
+        anything is changed; a failure anywhere stops every rank, with the run directory
+        untouched."""
         d = self.config.data
 
         def check() -> None:
             t = self.config.train
             check_against_dataset(self.config, meta_io.Manifest.load(d.path), training=True,
                                   eval_split=False)
+            check_data_files(self.config, d.path,
+                             ["warm", *([t.validation_split] if t.eval_every else [])])
             dataset = meta_io.TaskDataset(d.path, "warm", reader=d.reader, verify="size")
             if not self.config.meta.enabled and dataset.num_rows < 1:
                 raise ConfigError(f"config key 'data.path' = {d.path!r}: rank {self.rank} of "
@@ -173,8 +176,6 @@ class Trainer:
                                   f"is not allowed: expected at most the warm tasks of each "
                                   f"rank's share (the smallest share, of {self.size} ranks, has "
                                   f"{dataset.fewest_tasks_per_rank})")
-            if t.eval_every:
-                meta_io.TaskDataset(d.path, t.validation_split, reader=d.reader, verify="size")
 
         on_all_ranks(check, "checking the config and the dataset")
 

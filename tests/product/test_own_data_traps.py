@@ -68,22 +68,50 @@ def test_fresh_with_a_truncated_data_file_keeps_the_checkpoints(trained, capsys)
     assert sorted(p.name for p in run_dir.iterdir() if "replaced" in p.name) == []
 
 
+def _damage_in_place(path: Path, start: int, stop: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[start:stop] = bytes(stop - start)
+    path.write_bytes(bytes(raw))
+
+
 def test_a_data_file_damaged_in_place_is_named_with_how_to_make_it_again(trained, capsys):
-    """A data file whose bytes changed but not its size passes the size check that every
-    read makes (only gmeta data info reads every byte); the read that meets it fails with
-    a one-line message naming the file and what to do (exit 2, no traceback), and the
-    run's checkpoints are kept."""
+    """A data file whose bytes changed but not its size: every rank checks its share's
+    SHA-256 before training or evaluation (``data.verify: checksum``, the default), so
+    even a change the reader would decode without a word (a few bytes of a page zeroed)
+    stops the run before anything, naming the file and what to do (exit 2, no
+    traceback), the run's checkpoints kept. With ``data.verify: size`` the read that
+    meets a torn page fails the same way."""
     run_dir, data_dir = trained
     manifest = meta_io.Manifest.load(str(data_dir))
     victim = data_dir / manifest.files_of("warm")[0].path
-    raw = bytearray(victim.read_bytes())
-    raw[4:len(raw) // 2] = bytes(len(raw) // 2 - 4)  # pages zeroed, the footer kept
-    victim.write_bytes(bytes(raw))
+    middle = victim.stat().st_size // 2
+    _damage_in_place(victim, middle, middle + 16)
     assert main(["train", "--fresh", *_sets(run_dir, data_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"gmeta: error: {victim}: checksum mismatch" in err
+    assert "gmeta data prepare --overwrite" in err and "Traceback" not in err
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+    assert main(["eval", *_sets(run_dir, data_dir)]) == 2  # the references read it
+    assert f"{victim}: checksum mismatch" in capsys.readouterr().err
+    assert not (run_dir / "eval").exists()
+
+    _damage_in_place(victim, 4, middle)  # pages zeroed, the footer kept
+    size_only = _sets(run_dir, data_dir, 4, "data.verify=size")
+    assert main(["train", "--fresh", *size_only]) == 2
     err = capsys.readouterr().err
     assert f"gmeta: error: {victim}: cannot read rows" in err
     assert "gmeta data prepare --overwrite" in err and "Traceback" not in err
     assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+
+
+def test_eval_checks_the_split_it_scores(trained, capsys):
+    run_dir, data_dir = trained
+    manifest = meta_io.Manifest.load(str(data_dir))
+    victim = data_dir / manifest.files_of("cold")[0].path
+    _damage_in_place(victim, victim.stat().st_size // 2, victim.stat().st_size // 2 + 8)
+    assert main(["eval", *_sets(run_dir, data_dir)]) == 2
+    assert f"gmeta: error: {victim}: checksum mismatch" in capsys.readouterr().err
+    assert main(["eval", "--validation-only", *_sets(run_dir, data_dir)]) == 0
 
 
 def test_fresh_sets_old_checkpoints_aside_until_its_first_checkpoint(trained, monkeypatch):
