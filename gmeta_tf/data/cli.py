@@ -176,9 +176,8 @@ def _mapping(args: argparse.Namespace) -> CsvMapping:
     d = {}
     if args.mapping:
         d = dataclasses.asdict(CsvMapping.from_yaml(args.mapping))
-    delimiter = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
     flags = {"task": args.task, "label": args.label, "order_by": args.order_by,
-             "separator": args.separator, "delimiter": delimiter, "encoding": args.encoding,
+             "separator": args.separator, "delimiter": args.delimiter, "encoding": args.encoding,
              "label_threshold": args.label_threshold, "label_range": args.label_range,
              "sparse": args.sparse, "multi_hot": args.multi_hot, "dense": args.dense,
              "columns": args.columns or args.rename}

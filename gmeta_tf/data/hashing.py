@@ -1,7 +1,9 @@
 """Turning raw categorical values into int64 sparse ids, the same way in every converter.
 
+* Spaces around a value are dropped (``" 42 "`` is ``"42"``), in conversion and in
+  serving alike.
 * A value that is a non-negative decimal integer (``"42"``) keeps its value, so numeric
-  ids stay readable.
+  ids stay readable; leading zeros do not count (``"007"`` is 7, the id of ``"7"``).
 * Any other value is hashed: farmhash Fingerprint64 (``tf.strings.to_hash_bucket_fast``)
   of ``"<salt>=<value>"`` modulo 2**63 - 1, a stable non-negative int64. The salt (usually
   the column name) keeps equal strings of different columns apart. A negative integer
@@ -66,7 +68,7 @@ def to_ids(values, salt: str) -> np.ndarray:
         words, at = np.unique(ids[negative], return_inverse=True)
         ids[negative] = _fingerprint([str(w) for w in words], salt)[at]
         return ids
-    values = values.cast(pa.string())
+    values = pc.utf8_trim_whitespace(values.cast(pa.string()))
     encoded = pc.dictionary_encode(values)
     words = encoded.dictionary
     is_int = pc.match_substring_regex(words, _INT_PATTERN).to_numpy(zero_copy_only=False)
@@ -100,7 +102,7 @@ def to_slots(values: pa.Array | pa.ChunkedArray, salt: str, separator: str,
         values = values.combine_chunks()
     values = values.cast(pa.string()).fill_null("")
     lists = pc.split_pattern(values, separator)
-    flat = pc.list_flatten(lists)
+    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
     lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
     ids = to_ids(flat, salt)
     keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)

@@ -148,3 +148,32 @@ def test_a_mapping_recorded_before_the_dialect_keys_still_fits():
     assert now == recorded_mapping(now)
     assert {k: v for k, v in now.items() if k in before and k != "join"} == {
         k: v for k, v in before.items() if k != "join"}
+
+
+def test_a_header_with_spaces_around_its_names_and_a_tab_named_in_words_read_as_written(
+        tmp_path):
+    """Header names are read without the spaces around them (``user_id, item_id``, as
+    spreadsheets and hand edits write them), and a mapping's delimiter ``tab`` or ``\\t``
+    (backslash, t: what a shell's --set leaves) is the tab, as for gmeta data csv."""
+    rows = [f"{u},{i},{r},{t}" for u, i, r, t in RATINGS]
+    (tmp_path / "plain.csv").write_text("\n".join(["user_id,item_id,rating,timestamp", *rows])
+                                        + "\n")
+    (tmp_path / "spaced.csv").write_text(
+        "\r\n".join([" user_id, item_id,rating ,\ttimestamp", *rows]) + "\r\n",
+        encoding="utf-8-sig")
+    (tmp_path / "tabs.tsv").write_text("\n".join(["user_id\titem_id\trating\ttimestamp",
+                                                  *(r.replace(",", "\t") for r in rows)])
+                                       + "\n")
+    mapping = {k: v for k, v in MAPPING.items() if k != "multi_hot"}
+    data.convert_csv(str(tmp_path / "plain.csv"), str(tmp_path / "plain"), mapping, split=SPLIT)
+    want = tables(tmp_path / "plain")
+    outputs = [("spaced.csv", "spaced", mapping)]
+    for n, name in enumerate(["tab", "\\t", "\t"]):
+        outputs.append(("tabs.tsv", f"tabs{n}", {**mapping, "delimiter": name}))
+    for src, out, m in outputs:
+        data.convert_csv(str(tmp_path / src), str(tmp_path / out), m, split=SPLIT)
+        got = tables(tmp_path / out)
+        assert list(got) == list(want) and all(got[f].equals(want[f]) for f in got), out
+    assert data.CsvMapping.from_dict({**mapping, "delimiter": "tab"}).delimiter == "\t"
+    side = {"path": "items.csv", "key": "item_id", "delimiter": "\\t"}
+    assert data.CsvMapping.from_dict({**mapping, "join": [side]}).join[0].delimiter == "\t"

@@ -34,3 +34,17 @@ def test_a_plain_list_or_array_is_hashed_as_the_column_it_came_from():
     np.testing.assert_array_equal(hashing.to_ids([None, None], "c1"), [0, 0])
     with pytest.raises(TypeError, match="to_ids: expected one column's values"):
         hashing.to_ids(["a", 1], "c1")
+
+
+def test_spaces_around_a_value_and_leading_zeros_read_as_the_conversion_reads_them():
+    """A serving client's raw values give the ids the converter stored: spaces around a
+    value dropped (the converter trims every cell), an integer with leading zeros its
+    value; a multi-hot cell's values trimmed the same way."""
+    np.testing.assert_array_equal(hashing.to_ids([" 7", "7 ", "007", "7"], "item_id"),
+                                  [7, 7, 7, 7])
+    spaced = hashing.to_ids([" u186 ", "u186", "  "], "user_id")
+    assert spaced[0] == spaced[1] != 0 and spaced[2] == hashing.MISSING_ID
+    slots, _ = hashing.to_slots(pa.array(["Comedy | Drama", "Comedy|Drama", " | "]), "genres",
+                                "|", 2)
+    np.testing.assert_array_equal(slots[0], slots[1])
+    assert (slots[2] == -1).all()

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gmeta_tf.data.converters.csv_lines import (CsvCounts, CsvDialect, file_columns,
-                                                text_batches)
+                                                named_delimiter, text_batches)
 from gmeta_tf.data.errors import DataError
 
 
@@ -71,6 +71,8 @@ class JoinSpec:
         if d.get("header") is False and not d.get("names"):
             raise DataError(f"mapping key '{where}.names' is missing: header: false needs the "
                             f"side file's column names, e.g. names: [item_id, title, genres]")
+        if "delimiter" in d:
+            d = {**d, "delimiter": named_delimiter(d["delimiter"])}
         spec = cls(**d)
         spec.dialect(CsvDialect()).check(f"{where}.")
         return spec

@@ -20,7 +20,7 @@ import functools
 import io
 import itertools
 import logging
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -258,12 +258,23 @@ def _holds_byte(path: str, byte: bytes, chunk_bytes: int) -> bool:
     return False
 
 
+#: Names a delimiter may be given by where a tab is awkward to write (a shell's ``--set``):
+#: the word and the two characters backslash-t.
+DELIMITER_NAMES = {"tab": "\t", "\\t": "\t"}
+
+
+def named_delimiter(value: Any) -> Any:
+    """``value`` with ``tab`` and ``\\t`` (backslash, t) read as the tab character."""
+    return DELIMITER_NAMES.get(value, value) if isinstance(value, str) else value
+
+
 @dataclasses.dataclass(frozen=True)
 class CsvDialect:
     """How a CSV file's text is written.
 
     Args:
-        delimiter: Between fields: one character (``,``, ``\\t``, ``;``), or several, e.g.
+        delimiter: Between fields: one character (``,``, ``\\t``, ``;``; ``tab`` and
+            backslash-t are read as the tab by the mappings, ``named_delimiter``), or several, e.g.
             ``::`` as in MovieLens 1M's ``ratings.dat``. A delimiter of several characters
             has no quoting: every occurrence separates two fields, and quotes are text.
         encoding: The file's character encoding (a Python codec name: ``utf-8``,
@@ -488,9 +499,10 @@ def text_batches(path: str, columns: list[str], *, dialect: CsvDialect, header: 
     record_lines = RecordLines.of_file(path, dialect)
     record_lines.refuse_unclosed(path, all_names, dialect)
     lines = _LineNumbers(path, all_names, 1 if header else 0, dialect, record_lines)
-    read = pacsv.ReadOptions(block_size=block_bytes, use_threads=False,
-                             column_names=all_names if names else None,
-                             skip_rows=1 if header and names else 0, encoding=dialect.encoding)
+    # the names as read (a header line's with spaces around them stripped), never the
+    # parser's own reading of the header line
+    read = pacsv.ReadOptions(block_size=block_bytes, use_threads=False, column_names=all_names,
+                             skip_rows=1 if header else 0, encoding=dialect.encoding)
     parse = dialect.parse_options(lines.handler)
     convert = pacsv.ConvertOptions(include_columns=columns,
                                    column_types={c: pa.string() for c in columns},

@@ -46,7 +46,8 @@ import pyarrow.compute as pc
 from gmeta_tf.data import hashing
 from gmeta_tf.data.converters.csv_join import JoinSpec, SideTable
 from gmeta_tf.data.converters.csv_lines import (CsvCounts, CsvDialect, file_columns,
-                                                header_of, numbers, text_batches, timestamps)
+                                                header_of, named_delimiter, numbers,
+                                                text_batches, timestamps)
 from gmeta_tf.data.converters.pipeline import (OutputConfig, RawBatch, columns_to_batch, convert,
                                               expected_label)
 from gmeta_tf.data.errors import DataError
@@ -134,6 +135,8 @@ class CsvMapping:
         if "label" not in d:
             raise DataError("mapping key 'label' is missing", expected="a column name")
         d = dict(d)
+        if "delimiter" in d:
+            d["delimiter"] = named_delimiter(d["delimiter"])
         if isinstance(d.get("multi_hot"), list):  # ["genres:6", ...] from the command line
             d["multi_hot"] = dict(_name_width(s) for s in d["multi_hot"])
         for name in ("label_threshold",):
