@@ -174,16 +174,17 @@ def test_converter_rejects_bad_labels(tmp_path, value, problem):
 
 
 @pytest.mark.parametrize("mapping, value, expected", [
-    ({"label": "rating", "label_threshold": 4}, "nan", MISSING_LABEL + r" \(expected a number\)"),
+    ({"label": "rating", "label_threshold": 4}, "nan",
+     MISSING_LABEL + r" \(got 'nan', expected a number; --bad-rows skip"),
     ({"label": "rating", "label_threshold": 4, "label_range": [0.5, 5]}, "7",
-     r"label out of range \(got 7.0, expected a number in \[0.5, 5\], the range the mapping key "
-     r"'label_range' \(gmeta data csv --label-range\) sets\)"),
-    ({"label": "rating"}, "NA", MISSING_LABEL + r" \(expected a number\)"),
+     r"label out of range \(got '7', expected a number in \[0.5, 5\], the range the mapping "
+     r"key 'label_range' \(gmeta data csv --label-range\) sets; --bad-rows skip"),
+    ({"label": "rating"}, "NA", MISSING_LABEL + r" \(got 'NA', expected a number"),
 ])
 def test_a_bad_label_is_named_as_the_file_names_it(tmp_path, mapping, value, expected):
     """A label the converter derives (rating >= 4) or stores under another name ('label')
-    is reported by the file's own column and task value, not the stored ones; a value out
-    of range names the key that set the range."""
+    is reported by the file's own column, task value and text, not the stored ones; a
+    value out of range names the key that set the range."""
     src = tmp_path / "in.csv"
     src.write_text("\n".join(["user_id,item_id,rating"] + [f"u{u},{i},{1 + (u + i) % 5}" for u in
                    range(1, 6) for i in range(20)][:50] + [f"u4,99,{value}"]) + "\n")
@@ -597,3 +598,56 @@ def test_a_malformed_criteo_tsv_names_the_file_and_row(tmp_path):
     with pytest.raises(data.DataError, match=r"bad Criteo TSV near row 0.*Expected 40 columns"):
         data.convert_criteo(str(bad), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_the_first_bad_row_of_any_kind_is_the_one_named(tmp_path, caplog):
+    """Bad labels (out of range, missing) and values that are not numbers are found in one
+    pass: the error names the file's earliest bad line whatever its kind, and under skip
+    the first rows dropped are named, each kind counted where the manifest counts it."""
+    rows = [f"u{u},{i},{1 + (u * i) % 5},2024-05-01T10:{i:02d}:00" for u in range(1, 9)
+            for i in range(40)]
+    bad = {12: "7", 52: "-1", 102: "", 202: "n/a", 302: "inf"}
+    for line, value in bad.items():
+        user, item, _, when = rows[line - 2].split(",")
+        rows[line - 2] = ",".join([user, item, value, when])
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(["user_id,item_id,rating,timestamp"] + rows) + "\n")
+    mapping = {"task": "user_id", "label": "rating", "label_threshold": 4,
+               "label_range": [0.5, 5], "sparse": ["item_id"], "order_by": "timestamp"}
+    with pytest.raises(data.DataError, match=r"column 'rating': task 'u1': line 12: label out "
+                                             r"of range \(got '7'"):
+        data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=SPLIT)
+    with caplog.at_level("WARNING"):
+        m = data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=SPLIT,
+                             output=data.OutputConfig(bad_rows="skip"))
+    named = [line for line in caplog.text.splitlines() if "row skipped" in line]
+    assert [n.split(": line ")[1].split(":")[0] for n in named] == ["12", "52", "102"]
+    assert m.split["rows_skipped_bad_label"] == 4 and m.split["rows_skipped_bad_value"] == 1
+    assert m.split["rows_in"] == len(rows) - len(bad)
+
+
+def test_date_times_are_read_each_on_its_own(tmp_path):
+    """ISO-8601 forms with an offset, a Z or fractions of a second order a task's rows;
+    one date-time that is not one is named by its own line, and skipped alone."""
+    forms = ["2024-05-01T10:{:02d}:00", "2024-05-01T10:{:02d}:00Z", "2024-05-01T12:{:02d}:00+02:00",
+             "2024-05-01 10:{:02d}:00.250", "2024-05-01T10:{:02d}"]
+    rows = [f"u{u},{i},{1 + (u * i) % 5},{forms[(u + i) % len(forms)].format(i)}"
+            for u in range(1, 9) for i in range(40)]
+    src = tmp_path / "in.csv"
+    src.write_text("\n".join(["user_id,item_id,rating,timestamp"] + rows) + "\n")
+    mapping = {"task": "user_id", "label": "rating", "sparse": ["item_id"],
+               "order_by": "timestamp"}
+    split = data.SplitConfig(query_size=3, min_rows=5, query_selection="last")
+    m = data.convert_csv(str(src), str(tmp_path / "ok"), mapping, split=split)
+    assert m.split["rows_in"] == len(rows)
+    cold = pq.read_table(tmp_path / "ok" / m.files_of("cold")[0].path)
+    query = cold.filter(pc.equal(cold.column("is_query"), 1))
+    assert sorted(set(query.column("item_id").to_pylist())) == [37, 38, 39]  # the latest
+    rows[100] = rows[100].rsplit(",", 1)[0] + ",2024-13-45T10:00:00"
+    src.write_text("\n".join(["user_id,item_id,rating,timestamp"] + rows) + "\n")
+    with pytest.raises(data.DataError, match=r"column 'timestamp': line 102: not a number or an "
+                                             r"ISO date-time \(got '2024-13-45T10:00:00'"):
+        data.convert_csv(str(src), str(tmp_path / "bad"), mapping, split=split)
+    m = data.convert_csv(str(src), str(tmp_path / "skip"), mapping, split=split,
+                         output=data.OutputConfig(bad_rows="skip"))
+    assert m.split["rows_skipped_bad_value"] == 1 and m.split["rows_in"] == len(rows) - 1

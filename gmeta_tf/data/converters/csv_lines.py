@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import csv
 import dataclasses
+import datetime
 import functools
 import io
 import itertools
@@ -630,15 +631,40 @@ def numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def timestamps(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Text -> float64 for an order column: numbers, or ISO-8601 date-times (seconds)."""
+    """Text -> float64 for an order column: numbers, or ISO-8601 date-times as seconds
+    (``2024-05-01``, ``2024-05-01 10:00``, ``2024-05-01T10:00:00.250Z``,
+    ``...+02:00``; one without an offset is read as UTC).
+
+    Returns:
+        ``(values, bad)``, bad True where the text is neither (each value on its own: one
+        bad date-time leaves the others read).
+    """
     out, bad = numbers(values)
-    if bad.any():
-        text = pc.utf8_trim_whitespace(values.filter(pa.array(bad)))
-        try:
-            seconds = pc.cast(pc.cast(text, pa.timestamp("s")), pa.int64()).to_numpy(
-                zero_copy_only=False)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return out, bad
-        out[bad] = seconds.astype(np.float64)
-        bad = np.zeros_like(bad)
+    if not bad.any():
+        return out, bad
+    at = np.flatnonzero(bad)
+    text = pc.utf8_trim_whitespace(values.filter(pa.array(bad)))
+    try:  # the common forms of a whole column at once
+        out[at] = pc.cast(pc.cast(text, pa.timestamp("s")), pa.int64()).to_numpy(
+            zero_copy_only=False).astype(np.float64)
+        bad[at] = False
+        return out, bad
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    encoded = pc.dictionary_encode(text)
+    seconds = np.array([_iso_seconds(w) for w in encoded.dictionary.to_pylist()], np.float64)
+    got = seconds[encoded.indices.to_numpy(zero_copy_only=False)]
+    out[at], bad[at] = got, np.isnan(got)
     return out, bad
+
+
+def _iso_seconds(text: str) -> float:
+    """Seconds since the epoch of an ISO-8601 date-time (UTC unless it has an offset), or
+    NaN."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return float("nan")
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()

@@ -221,6 +221,7 @@ class _RowParser:
     def __init__(self, mapping: CsvMapping, sides: list[SideTable], policy: str,
                  counts: CsvCounts) -> None:
         self.mapping, self.sides, self.policy, self.counts = mapping, sides, policy, counts
+        self.rows_named = 0  # skipped rows named in the log so far
         self.stored_label = LABEL if mapping.label_threshold is None else mapping.label
         # an out-of-range label's error names the key that set the range
         self.range_set_by = ({self.stored_label: "the mapping key 'label_range' (gmeta data csv "
@@ -245,19 +246,21 @@ class _RowParser:
         for side in self.sides:
             text.update(side.join(text[side.spec.main_column], self.counts))
         values, problems = {}, []
-        # (rows, column, problem, what was expected) of each check
+        # (rows, column, problem, what was expected, dropped here) of each check
         for column in dict.fromkeys([m.label, *m.dense]):
             values[column], bad = numbers(text[column])
-            problems.append((bad, column, "not a number", self._expected_number(column)))
+            problems.append((bad, column, "not a number", self._expected_number(column), True))
+        problems.extend(self._label_problems(values[m.label]))
         if m.order_by:
             values[ORDER_COLUMN], bad = timestamps(text[m.order_by])
             problems.append((bad, m.order_by, "not a number or an ISO date-time",
-                             "seconds, or an ISO-8601 date-time such as 2026-12-06T10:00:00"))
+                             "seconds, or an ISO-8601 date-time such as 2026-12-06T10:00:00",
+                             True))
         if m.task:
             empty_task = pc.equal(pc.utf8_trim_whitespace(text[m.task]), "").to_numpy(
                 zero_copy_only=False)
             problems.append((empty_task, m.task, "empty task value",
-                             f"the row's task ({m.task}), not empty"))
+                             f"the row's task ({m.task}), not empty", True))
         keep = self._keep(problems, text, lines, path, in_header)
         if keep is not None:
             text = {k: v.filter(pa.array(keep)) for k, v in text.items()}
@@ -270,32 +273,48 @@ class _RowParser:
                         task_text=pc.utf8_trim_whitespace(text[m.task]) if m.task else None,
                         range_set_by=self.range_set_by)
 
+    def _label_problems(self, label: np.ndarray) -> list[tuple]:
+        """A missing label and one outside ``label_range``: rows the label check of the
+        conversion drops and counts (``check_labels``), found here too so that the
+        earliest bad row of any kind is the one an error names, and the first skipped are
+        named."""
+        lo, hi = self.mapping.label_range or (-np.inf, np.inf)
+        expected = expected_label(lo, hi, self.range_set_by.get(self.stored_label))
+        with np.errstate(invalid="ignore"):
+            out_of_range = (label < lo) | (label > hi)
+        return [(np.isnan(label), self.mapping.label,
+                 "missing label: the cell is empty, NA or NaN", expected, False),
+                (out_of_range, self.mapping.label, "label out of range", expected, False)]
+
     def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str,
               in_header: dict[str, str]) -> np.ndarray | None:
-        """None when every row is good; otherwise the rows to keep (policy "skip")."""
-        bad = np.zeros(len(lines), bool)
-        for mask, *_ in problems:
+        """None when no row is dropped here; otherwise the rows to keep (policy "skip")."""
+        bad, dropped = np.zeros(len(lines), bool), np.zeros(len(lines), bool)
+        for mask, *_, here in problems:
             bad |= mask
+            dropped |= mask if here else False
         if not bad.any():
             return None
+        m = self.mapping
         if self.policy == "error":
             i = int(np.flatnonzero(bad)[0])
-            _, column, problem, expected = next(p for p in problems if p[0][i])
+            _, column, problem, expected, here = next(p for p in problems if p[0][i])
+            task = repr(text[m.task][i].as_py().strip()) if m.task and not here else None
             raise DataError(f"line {lines[i]}: {problem}",
-                            file=path, column=in_header.get(column, column),
+                            file=path, column=in_header.get(column, column), task=task,
                             value=text[column][i].as_py(),
                             expected=f"{expected}; --bad-rows skip (data.bad_rows: skip) drops "
                                      "such rows")
         # the first few skipped rows, each named as the error policy would name it
-        for i in np.flatnonzero(bad)[:max(0, SKIPPED_ROWS_LOGGED
-                                          - self.counts.rows_skipped_bad_value)]:
-            _, column, problem, expected = next(p for p in problems if p[0][i])
+        for i in np.flatnonzero(bad)[:max(0, SKIPPED_ROWS_LOGGED - self.rows_named)]:
+            _, column, problem, expected, _ = next(p for p in problems if p[0][i])
             log.warning("%s: column '%s': line %d: %s (got %r, expected %s): row skipped "
                         "(data.bad_rows: skip; the first %d such rows are named)", path,
                         in_header.get(column, column), lines[i], problem,
                         text[column][i].as_py(), expected, SKIPPED_ROWS_LOGGED)
-        self.counts.rows_skipped_bad_value += int(bad.sum())
-        return ~bad
+            self.rows_named += 1
+        self.counts.rows_skipped_bad_value += int(dropped.sum())
+        return None if not dropped.any() else ~dropped
 
     def _columns(self, text: dict, values: dict, lines: np.ndarray,
                  file_index: int) -> dict[str, np.ndarray]:
