@@ -282,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return runner(verb_args)
     except (ConfigError, _data_error(), _checkpoint_error()) as err:
         return _bad_input(err)
+    except KeyboardInterrupt:
+        return _interrupted(None if verb_args is None else verb_args.verb)
     except Exception as err:
         inside = _data_error_inside(err)
         if inside is not None:
@@ -298,6 +300,24 @@ def _data_error_inside(err: Exception) -> str | None:
         return None
     found = re.search(r"\bDataError: (.+)", err.message or "")
     return found.group(1).strip() if found else None
+
+
+#: What an interrupted command left, and how to go on.
+_AFTER_INTERRUPT = {
+    "train": "every checkpoint written is kept whole (a checkpoint is written in full or not "
+             "at all); the same command with --resume goes on from the newest",
+    "tune": "every finished trial is recorded; the same command with --resume goes on from "
+            "them",
+}
+
+
+def _interrupted(verb: str | None) -> int:
+    """Ctrl-C: one line saying what is kept, not a traceback; status 130 as a shell's."""
+    after = _AFTER_INTERRUPT.get(verb or "", "nothing is left half-written (each file and "
+                                             "dataset is written whole or not at all)")
+    print(f"gmeta: interrupted: {after}", file=sys.stderr)
+    _record_status(130, "interrupted")
+    return 130
 
 
 def _bad_input(err: Exception | str) -> int:

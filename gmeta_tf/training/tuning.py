@@ -54,7 +54,11 @@ them, and each trial (and re-check) recorded with the very settings asked now ta
 recorded scores instead of training again, so the study ends where an uninterrupted one
 would, with as many trials as the new ``--trials`` asks (no fewer than recorded); a
 study defined otherwise (the config's contents, the dataset's files, the metric, ...) is
-refused. Without it, an earlier study's record is kept as ``trials.previous-<time>.json``. Before any trial the pipeline's dataset is made (or the
+refused, before the factor prior is fitted. Without it, an earlier study in
+``<run_dir>/tune`` (its record, its trials' configs and logs) is renamed whole to
+``tune.previous-<time>`` before the new study writes anything, and the new study's record
+is written at once, so a study stopped before its first trial ends resumes too. Before
+any trial the pipeline's dataset is made (or the
 one there checked) and the config checked against it, as ``gmeta train`` does; a first
 trial (the pipeline's own settings) that fails stops the study with its error.
 """
@@ -290,13 +294,8 @@ class _Record:
     def __init__(self, path: Path, study: dict, resume: bool, trials: int) -> None:
         self.path, self.trials, self.rechecks, self.count = path, [], [], 0
         self.asked = trials
-        if not path.is_file():
-            return
-        if not resume:
-            kept = path.with_name(f"trials.previous-{int(path.stat().st_mtime)}.json")
-            shutil.copyfile(path, kept)
-            log.info("gmeta tune: %s holds an earlier study's trials, kept as %s (--resume "
-                     "continues a stopped study instead)", path, kept.name)
+        self.study = {}
+        if not resume or not path.is_file():
             return
         try:
             recorded = json.loads(path.read_text())
@@ -308,16 +307,9 @@ class _Record:
             raise ConfigError(f"gmeta tune --resume: {path} was written before studies "
                               f"could be resumed (it does not say what defined its study); "
                               f"start the study anew without --resume")
-        before = recorded["study"]
+        self.study = recorded["study"]
         for key, value in study.items():
-            if before.get(key) != value:
-                shown = {"pipeline": "the checked config (a file edited since?)",
-                         "dataset": "the dataset's files (made again since?)"}
-                raise ConfigError(
-                    f"gmeta tune --resume: the study recorded in {path} had another {key}"
-                    + (f" ({shown[key]})" if key in shown else
-                       f": {before.get(key)!r}, this one {value!r}")
-                    + ": a study resumes only as it began (start it anew without --resume)")
+            self.check(key, value)
         self.count = int(recorded.get("trials_asked", 0))
         if trials < self.count:
             raise ConfigError(f"gmeta tune --resume --trials {trials}: the study recorded in "
@@ -327,6 +319,19 @@ class _Record:
         self.rechecks = [r for r in results if r.number >= self.count]
         log.info("gmeta tune --resume: %d trials and %d re-checks recorded in %s",
                  len(self.trials), len(self.rechecks), path)
+
+    def check(self, key: str, value: Any) -> None:
+        """Refuses to resume a study recorded with another ``key`` (nothing to check
+        without a record)."""
+        if not self.study or self.study.get(key) == value:
+            return
+        shown = {"pipeline": "the checked config (a file edited since?)",
+                 "dataset": "the dataset's files (made again since?)"}
+        raise ConfigError(
+            f"gmeta tune --resume: the study recorded in {self.path} had another {key}"
+            + (f" ({shown[key]})" if key in shown else
+               f": {self.study.get(key)!r}, this one {value!r}")
+            + ": a study resumes only as it began (start it anew without --resume)")
 
     def trial(self, number: int, settings: dict) -> TrialResult | None:
         if number >= len(self.trials):
@@ -344,6 +349,23 @@ class _Record:
             return None  # re-checks follow from every trial: only the same study's count
         recorded = self.rechecks[index]
         return recorded if _plain(recorded.settings) == _plain(settings) else None
+
+
+def _set_aside_earlier_study(root: Path) -> None:
+    """A new study's trials go to an empty ``root``: an earlier study there (its record,
+    its trials' configs and logs) is renamed to ``tune.previous-<time>`` beside it, whole,
+    before the new one writes anything."""
+    if not root.is_dir() or not any(root.iterdir()):
+        return
+    record = root / "trials.json"
+    stamp = int((record if record.is_file() else root).stat().st_mtime)
+    kept = root.with_name(f"{root.name}.previous-{stamp}")
+    n = 1
+    while kept.exists():
+        kept, n = root.with_name(f"{root.name}.previous-{stamp}-{n}"), n + 1
+    os.replace(root, kept)
+    log.info("gmeta tune: %s holds an earlier study, kept whole as %s (--resume continues a "
+             "stopped study instead)", root, kept)
 
 
 def _plain(value: Any) -> Any:
@@ -397,17 +419,23 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
         study.enqueue_trial(pipeline_params(name if config.meta.enabled else "ctr", config))
     root = Path(config.run_dir) / "tune"
     dataset = check_data(config, np_)
-    # the factor prior's settings do not depend on any searched one: chosen once, here
-    prior = chosen_factor_settings(config)
     study_key = {"config": config_arg, "overrides": list(overrides), "seed": seed,
                  "world_size": np_, "patience": patience, "metric": metric,
-                 "pipeline": _digest(dataclasses.asdict(config)), "dataset": dataset,
-                 "prior": _plain(prior)}
+                 "pipeline": _digest(dataclasses.asdict(config)), "dataset": dataset}
+    # a study resumed otherwise than it began is refused before the prior's fit
     record = _Record(root / "trials.json", study_key, resume, trials)
+    # the factor prior's settings do not depend on any searched one: chosen once, here
+    prior = chosen_factor_settings(config)
+    study_key["prior"] = _plain(prior)
+    record.check("prior", study_key["prior"])
+    if not resume:
+        _set_aside_earlier_study(root)
     # every trial reads the dataset converted here, whatever its own run directory
     overrides = [*overrides, f"data.path={config.data.path}",
                  *(f"{key}={value}" for key, value in prior.items())]
     root.mkdir(parents=True, exist_ok=True)
+    if not resume:  # this study's record from the start: --resume finds it, trials or none
+        _write_trials(root / "trials.json", metric, [], study_key, trials)
     results: list[TrialResult] = []
     write = lambda: _write_trials(root / "trials.json", metric, results,  # noqa: E731
                                   study_key, trials)

@@ -391,3 +391,27 @@ def test_tune_stops_before_its_trials_on_a_pipeline_that_cannot_train(trained, c
     assert "config key 'model.tables.movie.features' names 'movieId'" in err, err
     assert sorted(p.name for p in (run_dir / "tune").iterdir()) == ["trial-0", "trials.json"]
     assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+
+
+def test_ctrl_c_says_what_is_kept_and_how_to_go_on(tiny_data, tmp_path):
+    """Ctrl-C in a training run: one line naming what is kept and the --resume that goes
+    on (status 130, no traceback); its checkpoints are whole and the run resumes."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    sets = _sets(run_dir, tiny_data, 100000, "train.checkpoint_every=2", "train.log_every=2")
+    proc = subprocess.Popen([gmeta(), "train", "--fresh", *sets], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints").is_dir() or not _checkpoints(run_dir):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err
+    assert "gmeta: interrupted: every checkpoint written is kept whole" in err
+    assert "--resume goes on from the newest" in err and "Traceback" not in err
+    step = max(int(name.split("-")[1]) for name in _checkpoints(run_dir))
+    checkpoint.verify(run_dir / "checkpoints" / f"ckpt-{step}")
+    assert main(["train", "--resume", *_sets(run_dir, tiny_data, step + 2)]) == 0

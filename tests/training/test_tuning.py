@@ -222,11 +222,38 @@ def test_a_resumed_study_ends_where_an_uninterrupted_one_does(monkeypatch, tmp_p
     tuning.tune(*args, trials=7, rechecks=1, resume=True)
     assert runs[:2] == more[5:7] and len(runs) == len(more) - 5  # trials 6-7, re-checks
     tune_dir = tmp_path / "b" / "tune"
-    before = (tune_dir / "trials.json").read_text()
+    before = {p.relative_to(tune_dir): p.read_bytes() for p in tune_dir.rglob("*")
+              if p.is_file()}
     _fake_trials(monkeypatch)
     tuning.tune(*args, trials=2, rechecks=0)
-    kept = list(tune_dir.glob("trials.previous-*.json"))
-    assert [p.read_text() for p in kept] == [before]
+    kept = list(tmp_path.joinpath("b").glob("tune.previous-*"))
+    assert len(kept) == 1 and before == {p.relative_to(kept[0]): p.read_bytes()
+                                         for p in kept[0].rglob("*") if p.is_file()}
+
+
+def test_a_new_study_stopped_before_its_first_trial_ends_resumes(monkeypatch, tmp_path):
+    """A new study over an earlier one, stopped during its first trial: the earlier study
+    is kept whole beside it, the new one's record is its own, so --resume goes on with
+    it; a resume that is not the study recorded is refused before the prior's fit."""
+    from gmeta_tf.config import ConfigError
+
+    args = ("default", [f"run_dir={tmp_path}"])
+    _fake_trials(monkeypatch)
+    tuning.tune(*args, trials=3, rechecks=0)
+    earlier = (tmp_path / "tune" / "trials.json").read_text()
+    _fake_trials(monkeypatch, kill_at=1)
+    with pytest.raises(_Killed):
+        tuning.tune(*args, trials=3, rechecks=0, seed=5)
+    assert [p.joinpath("trials.json").read_text()
+            for p in tmp_path.glob("tune.previous-*")] == [earlier]
+    fits = []
+    monkeypatch.setattr(tuning, "chosen_factor_settings", lambda config: fits.append(1) or {})
+    with pytest.raises(ConfigError, match="had another seed: 5, this one 0"):
+        tuning.tune(*args, trials=3, rechecks=0, resume=True)
+    assert fits == []
+    runs = _fake_trials(monkeypatch)
+    tuning.tune(*args, trials=3, rechecks=0, seed=5, resume=True)
+    assert len(runs) == 3 and (tmp_path / "tuned.yaml").is_file()
 
 
 def test_a_study_whose_config_file_changed_is_not_resumed(monkeypatch, tmp_path):
