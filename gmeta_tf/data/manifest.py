@@ -132,7 +132,9 @@ class Manifest:
         """
         path = fs.join(directory, MANIFEST_NAME)
         if not fs.exists(path):
-            raise DataError("no manifest: not a gmeta-tasks dataset directory", file=path)
+            raise DataError("no manifest: not a gmeta-tasks dataset directory (a pipeline's "
+                            "dataset is made by gmeta data prepare, or by gmeta train)",
+                            file=path)
         try:
             with fs.open_binary(path) as f:
                 d = json.loads(f.read())
