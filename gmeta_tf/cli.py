@@ -255,7 +255,12 @@ def run_data(argv: Sequence[str]) -> int:
 def run_config(args: argparse.Namespace) -> int:
     import yaml
 
-    print(yaml.safe_dump(_config(args).to_dict(), sort_keys=False), end="")
+    config = _config(args)
+    if config.data.source == "csv":  # its column mapping (inline or a file) checked too
+        from gmeta_tf.training.dataset_prep import csv_mapping
+
+        csv_mapping(config)
+    print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     return 0
 
 

@@ -390,10 +390,17 @@ def test_a_bad_value_names_the_file_and_line_or_the_override_that_set_it(tmp_pat
     assert str(err.value).startswith("--set train={steps: -4}: config key 'train.steps' = -4")
 
 
-def test_cli_prints_the_checked_config(capsys):
+def test_cli_prints_the_checked_config(capsys, tmp_path):
     assert main(["config", "--set", "train.steps=9"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["train"]["steps"] == 9 and printed["meta"]["algorithm"] == "maml"
+    # a csv pipeline's column mapping is checked too, inline or in its own file
+    missing = tmp_path / "missing.yaml"
+    assert main(["config", "--config", "ratings", "--set", f"data.mapping={missing}"]) == 2
+    assert f"{missing}: cannot read the mapping file" in capsys.readouterr().err
+    assert main(["config", "--config", "ratings", "--set", "data.mapping.task=null",
+                 "--set", f"run_dir={tmp_path}"]) == 2
+    assert "config key 'data.mapping.task' is missing" in capsys.readouterr().err
 
 
 def test_a_misspelt_key_in_the_file_is_blamed_on_the_file_not_on_tuned_settings(tmp_path):
