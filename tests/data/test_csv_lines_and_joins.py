@@ -90,6 +90,7 @@ def test_columns_name_a_header_files_columns_in_place_of_its_header_line(tmp_pat
 
 def test_bad_rows_skip_drops_malformed_lines_and_bad_values_and_counts_them(tmp_path, caplog):
     lines = GOOD[:10] + ["", "u1,7", "u2,3,five,7", ",4,3,9", "u3,4,9,9", "u4,1,2,3,4"] + GOOD[10:]
+    lines.insert(len(lines) - 3, "   \t ")  # spaces alone: a blank line, not a malformed one
     src = ratings(tmp_path / "r.csv", lines)
     with caplog.at_level("WARNING"):
         m = data.convert_csv(str(src), str(tmp_path / "out"), MAPPING, split=SPLIT,
@@ -103,7 +104,7 @@ def test_bad_rows_skip_drops_malformed_lines_and_bad_values_and_counts_them(tmp_
     counts = {k: m.split[k] for k in ("lines_skipped_malformed", "rows_skipped_bad_value",
                                       "rows_skipped_bad_label", "blank_lines", "rows_in")}
     assert counts == {"lines_skipped_malformed": 2, "rows_skipped_bad_value": 2,
-                      "rows_skipped_bad_label": 1, "blank_lines": 1,
+                      "rows_skipped_bad_label": 1, "blank_lines": 2,
                       "rows_in": len(GOOD)}
 
 

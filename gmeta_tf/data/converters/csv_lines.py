@@ -96,7 +96,11 @@ class _LineNumbers:
         after it into the quoted field: it raises under either policy, as to skip it would
         drop every line it swallowed while counting one. Where the pass found every quote
         closed (an odd count then holds a literal quote inside a field), the row is a row
-        of the wrong width as any other."""
+        of the wrong width as any other. A line of spaces alone is a blank line (counted
+        as one), not a malformed one."""
+        blank = [p for p in self.pending if not p[2].strip()]
+        counts.blank_lines += len(blank)
+        self.pending = [p for p in self.pending if p[2].strip()]
         for line, found, text in self.pending:
             spanned = text.rstrip("\r\n").count("\n")
             if (spanned and not self.dialect.several and text.count('"') % 2
