@@ -309,8 +309,9 @@ def _data_error_inside(err: Exception) -> str | None:
 
 #: What an interrupted command left, and how to go on.
 _AFTER_INTERRUPT = {
-    "train": "every checkpoint written is kept whole (a checkpoint is written in full or not "
-             "at all); the same command with --resume goes on from the newest",
+    "train": "every complete checkpoint is kept; the same command with --resume goes on "
+             "from the newest (one stopped while being written is passed over, its "
+             "MANIFEST.json, written last, missing)",
     "tune": "every finished trial is recorded; the same command with --resume goes on from "
             "them",
 }

@@ -11,7 +11,8 @@
   padding (``PAD_ID``: unused multi-hot slots, padding rows), which multi-hot lookups
   drop and the linear reference weighs 0, where a single-valued feature's -1 would still
   be embedded by the model.
-* A missing value (null or empty) is id 0.
+* A missing value (null, empty, or NaN in a column of floats, as pandas reads a column of
+  ids with gaps) is id 0.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def to_ids(values, salt: str) -> np.ndarray:
             raise TypeError(f"to_ids: expected one column's values, all strings or all "
                             f"integers (None for a missing one), got {values!r:.200} ({err})"
                             ) from err
+    if pa.types.is_floating(values.type):  # pandas' column of ids with a gap: NaN is missing
+        values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
     if pa.types.is_null(values.type):  # every value missing
         return np.full(len(values), MISSING_ID, np.int64)
     if pa.types.is_integer(values.type):

@@ -48,3 +48,12 @@ def test_spaces_around_a_value_and_leading_zeros_read_as_the_conversion_reads_th
                                 "|", 2)
     np.testing.assert_array_equal(slots[0], slots[1])
     assert (slots[2] == -1).all()
+
+
+def test_a_column_of_float_ids_with_gaps_reads_as_the_csv_it_came_from():
+    """pandas reads a column of integer ids with empty cells as floats with NaN: a whole
+    float is its integer's id and NaN the missing id, as the CSV's text converts."""
+    from_csv = hashing.to_ids(pa.array(["0", "1", "", "42"]), "banner_pos")
+    np.testing.assert_array_equal(hashing.to_ids([0.0, 1.0, float("nan"), 42.0], "banner_pos"),
+                                  from_csv)
+    np.testing.assert_array_equal(hashing.to_ids(np.array([np.nan, np.nan]), "c"), [0, 0])
