@@ -60,7 +60,7 @@ def to_ids(values, salt: str) -> np.ndarray:
                             ) from err
     if pa.types.is_floating(values.type):  # pandas' column of ids with a gap: NaN is missing
         values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
-    if pa.types.is_null(values.type):  # every value missing
+    if pa.types.is_null(values.type) or values.null_count == len(values):  # every one missing
         return np.full(len(values), MISSING_ID, np.int64)
     if pa.types.is_integer(values.type):
         ids = values.cast(pa.int64()).fill_null(MISSING_ID).to_numpy(zero_copy_only=False)
