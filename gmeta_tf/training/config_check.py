@@ -3,8 +3,12 @@ a split, a column or a label must name one the dataset has."""
 
 from __future__ import annotations
 
+import logging
+
 from gmeta_tf import data as meta_io
 from gmeta_tf.config import ConfigError, PipelineConfig
+
+log = logging.getLogger(__name__)
 
 
 def check_against_dataset(config: PipelineConfig, manifest: meta_io.Manifest, *,
@@ -33,6 +37,8 @@ def check_against_dataset(config: PipelineConfig, manifest: meta_io.Manifest, *,
     if eval_split and config.eval.split not in splits:
         raise ConfigError(f"config key 'eval.split' = {config.eval.split!r} is not allowed: "
                           f"expected a split of {where}, one of {splits}")
+    if training:
+        warn_unread_features(config, manifest)
     labels = [f.name for f in manifest.schema.labels]
     for key in ("binary_label", "relevance_label"):
         value = getattr(config.eval, key)
@@ -47,3 +53,29 @@ def check_data_files(config: PipelineConfig, path: str, splits: list[str | None]
     ``data.verify: checksum`` (the default) SHA-256. Raises DataError naming the file."""
     for split in dict.fromkeys(splits):
         meta_io.TaskDataset(path, split, reader=config.data.reader, verify=config.data.verify)
+
+
+def warn_unread_features(config: PipelineConfig, manifest: meta_io.Manifest) -> None:
+    """Warns of each column a csv pipeline's mapping converts as a feature that no input
+    of the model reads (no table lists it in ``features``, ``model.dense_features`` does
+    not name it): the model trains without it, which the user who mapped it may not
+    expect. The task column is not warned of (a new task's id has no trained row)."""
+    if config.data.source != "csv":
+        return
+    from gmeta_tf.training.dataset_prep import csv_mapping
+
+    mapping = csv_mapping(config)
+    read = {f for table in config.model.tables.values() for f in table.features}
+    read |= set(config.model.dense_features)
+    present = {f.name for f in manifest.schema.features}
+    mapped = [*((c, "sparse") for c in mapping.sparse),
+              *((c, "multi_hot") for c in mapping.multi_hot),
+              *((c, "dense") for c in mapping.dense)]
+    for column, kind in mapped:
+        if column in read or column == mapping.task or column not in present:
+            continue
+        where = (f"model.dense_features (name: width, e.g. {{{column}: 1}})" if kind == "dense"
+                 else "the features of a table in model.tables")
+        log.warning("data.mapping's %s column %r is an input of no model: the model trains "
+                    "without it; to read it, add it to %s (or drop it from the mapping)",
+                    kind, column, where)

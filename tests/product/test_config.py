@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pytest
 import yaml
 
@@ -449,3 +450,30 @@ def test_a_setting_edited_after_tuning_is_warned_of_and_the_tuned_value_kept(tmp
     with caplog.at_level("WARNING", logger="gmeta_tf.config"):
         loaded = load_config(config, [f"run_dir={run}", "model.embedding_dim=16"])
     assert loaded.model.embedding_dim == 16 and "when gmeta tune ran" not in caplog.text
+
+
+def test_a_mapped_column_no_input_reads_is_warned_of(tmp_path, caplog):
+    """A column the csv mapping converts as a feature but no table or dense input reads
+    trains nothing: named in a warning with the key that would read it (the task column
+    excepted: a new user's id has no trained row)."""
+    from gmeta_tf import data as meta_io
+    from gmeta_tf.training.config_check import warn_unread_features
+
+    src = tmp_path / "r.csv"
+    src.write_text("user_id,item_id,rating,timestamp,hour,genre\n" + "".join(
+        f"u{u},{i},{1 + (u + i) % 5},{i},{i % 24},g{i % 3}\n" for u in range(20)
+        for i in range(15)))
+    mapping = {"task": "user_id", "label": "rating", "label_threshold": 4,
+               "sparse": ["item_id", "genre"], "dense": ["hour"], "order_by": "timestamp"}
+    meta_io.convert_csv(str(src), str(tmp_path / "data"), mapping,
+                        split=meta_io.SplitConfig(query_size=3, min_rows=5))
+    config = load_config("ratings", [f"run_dir={tmp_path}/run", f"data.raw={src}",
+                                     f"data.path={tmp_path}/data",
+                                     "data.mapping.sparse=[item_id, genre]",
+                                     "data.mapping.dense=[hour]"])
+    with caplog.at_level(logging.WARNING):
+        warn_unread_features(config, meta_io.Manifest.load(str(tmp_path / "data")))
+    assert "data.mapping's sparse column 'genre' is an input of no model" in caplog.text
+    assert "data.mapping's dense column 'hour' is an input of no model" in caplog.text
+    assert "{hour: 1}" in caplog.text and "'item_id'" not in caplog.text
+    assert "'user_id'" not in caplog.text
