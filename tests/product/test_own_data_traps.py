@@ -415,8 +415,8 @@ def test_ctrl_c_says_what_is_kept_and_how_to_go_on(tiny_data, tmp_path):
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1]
     assert proc.returncode == 130, err
-    assert "gmeta: interrupted: every complete checkpoint is kept" in err
-    assert "--resume goes on from the newest" in err and "Traceback" not in err
+    assert "gmeta: interrupted: every complete checkpoint is kept" in err, err
+    assert "--resume goes on from the newest" in err and "Traceback" not in err, err
     step = complete()[-1]
     checkpoint.verify(run_dir / "checkpoints" / f"ckpt-{step}")
     assert main(["train", "--resume", *_sets(run_dir, tiny_data, step + 2)]) == 0
