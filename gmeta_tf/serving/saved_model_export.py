@@ -16,14 +16,17 @@ Signatures:
   (``support_<feature>``, ``support_<label>``) and its query rows (``query_<feature>``)
   -> ``{"scores": [Q]}`` after the meta model's inner loop on the support rows.
 
-The layout is TF Serving's: ``<export.dir>/<step>/saved_model.pb``, and
-``assets.extra/gmeta_export.json`` describes the inputs. A version is written under a
+The layout is TF Serving's: ``<export.dir>/<version>/saved_model.pb`` (the version is the
+checkpoint's step, or above a higher version already there: ``export_version``), and
+``assets.extra/gmeta_export.json`` describes the inputs and the checkpoint it was made
+from. A version is written under a
 hidden name and renamed into place whole, so a server watching ``<export.dir>`` never loads
 a part of one, and an export it replaces is removed only after the rename.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -143,7 +146,8 @@ def _describe(input_signature) -> dict:
 
 
 def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str | os.PathLike,
-                       adaptation: bool = True, adapt_steps: int | None = None) -> dict:
+                       adaptation: bool = True, adapt_steps: int | None = None,
+                       made_from: dict | None = None) -> dict:
     """Writes the SavedModel of a trained model (restored in this one process).
 
     Args:
@@ -152,9 +156,11 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
         path: The SavedModel directory.
         adaptation: Add the ``adapt`` signature (meta models).
         adapt_steps: The steps ``adapt`` takes (None: the model's k; ``eval.adapt_steps``).
+        made_from: The checkpoint exported (its step and digest), recorded when given.
 
     Returns:
-        What ``assets.extra/gmeta_export.json`` records: signatures, inputs, table sizes.
+        What ``assets.extra/gmeta_export.json`` records: signatures, inputs, table sizes,
+        the checkpoint's step.
     """
     specs = feature_specs(model, schema)
     path = Path(path)
@@ -169,7 +175,7 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     staging = Path(staging_dir(path))
     try:
         tf.saved_model.save(module, str(staging), signatures=signatures)
-        info = _write_info(model, module, signatures, staging, path)
+        info = _write_info(model, module, signatures, staging, path, made_from)
         fsync_tree(staging)  # durable before an export it replaces is let go
         replace_dir(staging, path, lambda old: _check_replaceable(Path(old)))
     finally:
@@ -178,9 +184,11 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     return info
 
 
-def _write_info(model, module, signatures, staging: Path, path: Path) -> dict:
+def _write_info(model, module, signatures, staging: Path, path: Path,
+                made_from: dict | None) -> dict:
     info = {
         "path": str(path),
+        **({} if made_from is None else {"made_from": made_from}),
         "signatures": {name: {"inputs": _describe(fn.structured_input_signature),
                               "outputs": {"scores": ["float32", [None]]}}
                        for name, fn in signatures.items()},
@@ -218,7 +226,41 @@ def export_pipeline(config: PipelineConfig, checkpoint_path: str | None = None,
     from gmeta_tf.training.cold_start import restore_models
 
     models, manifest = restore_models(config, checkpoint_path)
-    path = Path(out) if out else Path(config.export.dir, str(manifest["step"]))
+    made_from = {"step": int(manifest["step"]), "checkpoint": _checkpoint_digest(manifest)}
+    path = Path(out) if out else Path(config.export.dir, str(export_version(
+        Path(config.export.dir), made_from)))
     schema = meta_io.Manifest.load(config.data.path).schema
     return export_saved_model(models.model, schema, path, config.export.adaptation,
-                              config.eval.adapt_steps)  # adapts as gmeta eval scored it
+                              config.eval.adapt_steps,  # adapts as gmeta eval scored it
+                              made_from=made_from)
+
+
+def _checkpoint_digest(manifest: dict) -> str:
+    """Which checkpoint an export was made from: a digest of its files' checksums."""
+    text = json.dumps(manifest["files"], sort_keys=True).encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def export_version(root: Path, made_from: dict) -> int:
+    """The version an export of a checkpoint (``made_from``: its step and digest) takes
+    under ``root``: the step, unless ``root`` holds a higher version made from another
+    checkpoint (an earlier run's export, say, before a ``--fresh`` run): TF Serving serves
+    the highest version it finds, so a new export is then the next one above it, not left
+    below an older model. The highest version made from this very checkpoint is replaced
+    in place."""
+    step = made_from["step"]
+    versions = [int(e) for e in (os.listdir(root) if root.is_dir() else []) if e.isdigit()]
+    highest = max(versions, default=None)
+    if highest is None or highest <= step:
+        return step
+    try:
+        recorded = json.loads((root / str(highest) / "assets.extra" / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    if recorded.get("made_from") == made_from:
+        return highest
+    log.warning("%s holds version %d, above this export's step %d, made from another "
+                "checkpoint: TF Serving serves the highest version, so this export is "
+                "version %d (its assets.extra/%s records the step it was made from)", root,
+                highest, step, highest + 1, INFO_FILE)
+    return highest + 1

@@ -320,3 +320,33 @@ def test_an_export_replaces_an_export_and_nothing_else(trained, tmp_path):
     assert (notes / "todo.txt").read_text() == "keep me"
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
                   if not p.is_relative_to(notes)) == before
+
+
+def test_a_new_export_is_the_version_served_above_an_earlier_runs(trained, tmp_path, caplog):
+    """TF Serving serves the highest version: an export is its checkpoint's step unless a
+    higher version made from another checkpoint is there (an earlier run's, before a
+    --fresh run), then the next version above it; exported again from the same
+    checkpoint, that version is replaced in place."""
+    import dataclasses
+    import shutil
+
+    from gmeta_tf.serving import saved_model_export
+
+    config = dataclasses.replace(trained, export=dataclasses.replace(
+        trained.export, dir=str(tmp_path / "serving")))
+    info = saved_model_export.export_pipeline(config)
+    step = info["made_from"]["step"]
+    assert info["path"] == str(tmp_path / "serving" / str(step))
+    earlier = tmp_path / "serving" / str(step + 100)  # an earlier run's, a higher version
+    shutil.copytree(info["path"], earlier)
+    record = earlier / "assets.extra" / saved_model_export.INFO_FILE
+    record.write_text(json.dumps({**json.loads(record.read_text()),
+                                  "made_from": {"step": step + 100, "checkpoint": "other"}}))
+    with caplog.at_level("WARNING"):
+        info = saved_model_export.export_pipeline(config)
+    assert info["path"] == str(tmp_path / "serving" / str(step + 101))
+    assert f"holds version {step + 100}, above this export's step {step}" in caplog.text
+    again = saved_model_export.export_pipeline(config)
+    assert again["path"] == info["path"] and again["made_from"] == info["made_from"]
+    assert sorted(int(p.name) for p in (tmp_path / "serving").iterdir()) == [
+        step, step + 100, step + 101]
