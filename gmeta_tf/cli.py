@@ -143,7 +143,11 @@ def _launch(argv: Sequence[str], args: argparse.Namespace) -> int | None:
         raise ConfigError(f"--np {args.np} is not allowed: expected a number of ranks >= 1")
     from gmeta_tf.launcher import run_ranks
 
-    _config(args)  # a bad config stops here, before any rank starts
+    config = _config(args)  # a bad config stops here, before any rank starts
+    if not args.elastic:  # and checkpoints the command would train over
+        from gmeta_tf.training.trainer import require_resume_or_fresh
+
+        require_resume_or_fresh(config, args.resume, args.fresh)
     rank_argv, skip = [], False
     for item in argv:
         if skip:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,12 +64,14 @@ def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
                sys.executable, "-m", "gmeta_tf.cli", *argv]
     env = dict(os.environ, **{STATUS_DIR_ENV: status_dir})
     try:
-        launcher_lines, code = _pass_through(command, env)
+        launcher_lines, code, held = _pass_through(command, env)
         statuses = _statuses(status_dir)
     finally:
         signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(status_dir, ignore_errors=True)
     failed = [s for s in statuses if s["status"] != 0]
+    if not failed:
+        sys.stderr.writelines(held)  # no rank said why: every line may help
     if failed:
         worst = max(s["status"] for s in failed)
         messages = list(dict.fromkeys(s["message"] for s in sorted(failed, key=lambda s: s["rank"])
@@ -83,10 +86,20 @@ def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
     return code
 
 
-def _pass_through(command: list[str], env: dict) -> tuple[list[str], int]:
+#: Lines held back while the ranks run and shown only when no rank reports why it stopped:
+#: a rank's own error line (the launcher prints the ranks' message once, at the end) and
+#: horovodrun's account of the ranks it stopped after one failed.
+_HELD_LINES = re.compile(r"^(\[\d+\]<std(err|out)>:gmeta: error: |\[\d+\]<stderr>:Terminated$"
+                         r"|Process \d+ exit with status code \d+\.$"
+                         r"|Terminating remaining workers after failure of Process \d+\.$)")
+
+
+def _pass_through(command: list[str], env: dict) -> tuple[list[str], int, list[str]]:
     """Runs the launcher, printing the ranks' lines as they come; returns the launcher's
-    own trailing traceback lines (held back) and its exit code."""
+    own trailing traceback lines (held back), its exit code, and the lines of
+    ``_HELD_LINES`` (held back)."""
     held: list[str] = []
+    quiet: list[str] = []
     try:
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -98,10 +111,12 @@ def _pass_through(command: list[str], env: dict) -> tuple[list[str], int]:
         for line in proc.stdout:
             if held or line.startswith("Traceback (most recent call last)"):
                 held.append(line)
+            elif _HELD_LINES.match(line):
+                quiet.append(line)
             else:
                 sys.stdout.write(line)
                 sys.stdout.flush()
-        return held, proc.wait()
+        return held, proc.wait(), quiet
     finally:  # interrupted (Ctrl-C, a kill): the ranks do not outlive the launcher
         if proc.poll() is None:
             proc.terminate()

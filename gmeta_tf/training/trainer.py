@@ -119,6 +119,16 @@ class TrainResult:
         return self.samples / max(self.seconds, 1e-9)
 
 
+def require_resume_or_fresh(config: PipelineConfig, resume: bool, fresh: bool) -> None:
+    """Refuses to train over a run directory's checkpoints without ``--resume`` or
+    ``--fresh`` (``gmeta train --np N`` checks it before any rank starts)."""
+    latest = checkpoint.latest(config.checkpoint_dir)
+    if latest is not None and not resume and not fresh:
+        raise ConfigError(f"run_dir {config.run_dir} already has checkpoints (latest "
+                          f"{latest.name}): pass --resume to continue from it or --fresh to "
+                          f"start over")
+
+
 class Trainer:
     """Trains a pipeline's models.
 
@@ -184,13 +194,9 @@ class Trainer:
         if self.fresh:
             self._set_aside()
             return 0
-        latest = checkpoint.latest(self.ckpt_dir)
-        if latest is None:
+        if checkpoint.latest(self.ckpt_dir) is None:
             return 0
-        if not self.resume:
-            raise ConfigError(f"run_dir {self.config.run_dir} already has checkpoints "
-                              f"(latest {latest.name}): pass --resume to continue from it or "
-                              f"--fresh to start over")
+        require_resume_or_fresh(self.config, self.resume, self.fresh)
         # The newest checkpoint may be damaged (a crash, a bad disk): walk back to the
         # newest one whose checksums and arrays pass, logging why the others were skipped.
         restored = checkpoint.restore_latest_good(self.ckpt_dir, models.state, models.optimizers)

@@ -159,10 +159,26 @@ def test_the_documented_launcher_exits_2_with_the_ranks_message(tiny_data, tmp_p
                             cwd=tmp_path, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-4000:]
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"gmeta: error: config key 'eval.relevance_label' = 'nope' is not allowed: expected a "
-        f"label of the dataset at {tiny_data}, one of ['label']")
+    message = (f"gmeta: error: config key 'eval.relevance_label' = 'nope' is not allowed: "
+               f"expected a label of the dataset at {tiny_data}, one of ['label']")
+    assert result.stderr.strip().splitlines()[-1] == message
     assert "Traceback" not in output and "[1]<stderr>" in output  # both ranks ran
+    # said once: not again by each rank, nor horovodrun's account of the ranks it stopped
+    assert output.count(message.split("gmeta: error: ")[1]) == 1, output[-4000:]
+    assert "exit with status code" not in output and "Terminating remaining" not in output
+
+
+def test_the_launcher_refuses_to_train_over_checkpoints_before_any_rank_starts(trained):
+    run_dir, data_dir = trained
+    command = [gmeta(), "train", "--np", "2", *_sets(run_dir, data_dir)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"gmeta: error: run_dir {run_dir} already has checkpoints (latest ckpt-4): pass "
+        f"--resume to continue from it or --fresh to start over")
+    assert "<stderr>" not in result.stdout + result.stderr  # no rank was started
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
 
 
 def _ratings_pipeline(tmp_path: Path, *more: str):
