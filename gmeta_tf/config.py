@@ -519,19 +519,19 @@ def _located(message: str, path: Path, text: str, overrides: Sequence[str],
         if _covers(key, item.partition("=")[0].strip()):
             return f"--set {item}: {message}"
     # the tuned file's own settings (its leaves): a section it sets inside is not a key of it
-    if tuned is not None and any(_covers(key, k) for k in _dotted_keys(tuned[1], leaves=True)):
+    if tuned is not None and any(_covers(key, k) for k in dotted_keys(tuned[1], leaves=True)):
         return f"tuned settings {tuned[0]}: {message}"
     line = _key_line(text, key)
     return f"config file {path}, line {line}: {message}" if line else message
 
 
-def _dotted_keys(settings: Mapping, prefix: str = "", leaves: bool = False) -> list[str]:
+def dotted_keys(settings: Mapping, prefix: str = "", leaves: bool = False) -> list[str]:
     """Every dotted key of nested ``settings``; ``leaves``: only those holding a value."""
     keys = []
     for k, v in settings.items():
         if isinstance(v, Mapping):
             keys += [] if leaves else [f"{prefix}{k}"]
-            keys += _dotted_keys(v, f"{prefix}{k}.", leaves)
+            keys += dotted_keys(v, f"{prefix}{k}.", leaves)
         else:
             keys.append(f"{prefix}{k}")
     return keys

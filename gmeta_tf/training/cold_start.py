@@ -59,15 +59,55 @@ def restore_models(config: PipelineConfig, path: str | None = None) -> tuple[Mod
     if distributed.size() != 1:
         raise ConfigError("gmeta eval/export run as one process (not under horovodrun): they "
                           "restore every rank's table shards into this process")
-    if path:
-        models, manifest = _restore(config, Path(path))
-        info = {**manifest, "directory": str(path)}
-    else:
-        models, info = _restore_chosen(config)
+    try:
+        if path:
+            models, manifest = _restore(config, Path(path))
+            info = {**manifest, "directory": str(path)}
+        else:
+            models, info = _restore_chosen(config)
+    except checkpoint.CheckpointError as err:
+        otherwise = trained_otherwise(config)
+        if not otherwise:
+            raise
+        raise checkpoint.CheckpointError(f"{err}; {otherwise}") from err
+    otherwise = trained_otherwise(config)
+    if otherwise:
+        log.warning("%s", otherwise[0].upper() + otherwise[1:])
     set_configured_blend(models, config)  # over the checkpoint's
     log.info("restored %s (step %d, saved by %d ranks)", info["directory"], info["step"],
              info["world_size"])
     return models, info
+
+
+#: The sections of a config whose keys shape a model's weights.
+MODEL_SECTIONS = ("model", "meta")
+
+
+def trained_otherwise(config: PipelineConfig, shown: int = 4) -> str:
+    """The keys of ``MODEL_SECTIONS`` whose value differs from the run's training config
+    (``<run_dir>/config.yaml``, which ``gmeta train`` writes), said as a hint, or ''."""
+    import yaml
+
+    from gmeta_tf.config import ABSENT, dotted_keys, dotted_value
+
+    written = Path(config.run_dir, "config.yaml")
+    try:
+        trained = yaml.safe_load(written.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return ""
+    now = config.to_dict()
+    differ = []
+    for section in MODEL_SECTIONS:
+        for key in dotted_keys({section: now.get(section) or {}}, leaves=True):
+            before = dotted_value(trained, key)
+            if before is not ABSENT and before != dotted_value(now, key):
+                differ.append(f"{key} = {dotted_value(now, key)!r} (trained with {before!r})")
+    if not differ:
+        return ""
+    more = f" and {len(differ) - shown} more" if len(differ) > shown else ""
+    return (f"the run was trained under other settings ({written}): {'; '.join(differ[:shown])}"
+            f"{more}; a tuned.yaml written since the training? gmeta train --fresh trains "
+            f"under the settings now in force, or set these keys back")
 
 
 def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:

@@ -364,8 +364,11 @@ def _set_aside_earlier_study(root: Path) -> None:
     while kept.exists():
         kept, n = root.with_name(f"{root.name}.previous-{stamp}-{n}"), n + 1
     os.replace(root, kept)
-    log.info("gmeta tune: %s holds an earlier study, kept whole as %s (--resume continues a "
-             "stopped study instead)", root, kept)
+    chosen = root.parent / TUNED_FILE
+    if chosen.is_file():  # the settings it chose, which this study's will replace
+        shutil.copy2(chosen, kept / TUNED_FILE)
+    log.info("gmeta tune: %s holds an earlier study, kept whole as %s with the %s it chose "
+             "(--resume continues a stopped study instead)", root, kept, TUNED_FILE)
 
 
 def _plain(value: Any) -> Any:
@@ -499,6 +502,13 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
     summary = {"metric": metric, "trials": trials, "rechecks": rechecks, "chosen": chosen,
                "split": config.train.validation_split, "world_size": np_, "prior": prior}
     write_tuned(config, summary)
+    from gmeta_tf import checkpoint
+
+    if checkpoint.latest(config.checkpoint_dir) is not None:
+        log.warning("gmeta tune: %s holds checkpoints trained before these settings were "
+                    "chosen; gmeta train --fresh trains under them (gmeta eval and export "
+                    "would read the old checkpoints with the new settings)",
+                    config.checkpoint_dir)
     return summary
 
 

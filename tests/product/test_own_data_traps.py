@@ -436,3 +436,19 @@ def test_ctrl_c_says_what_is_kept_and_how_to_go_on(tiny_data, tmp_path):
     step = complete()[-1]
     checkpoint.verify(run_dir / "checkpoints" / f"ckpt-{step}")
     assert main(["train", "--resume", *_sets(run_dir, tiny_data, step + 2)]) == 0
+
+
+def test_checkpoints_read_under_other_settings_name_the_keys(trained, capsys):
+    """Settings changed since training (a tuned.yaml written since, a --set): a checkpoint
+    they no longer fit is refused naming each key, its value and the one it was trained
+    with; one they still fit is read with a warning saying the same."""
+    run_dir, data_dir = trained
+    assert main(["eval", *_sets(run_dir, data_dir, 4, "model.embedding_dim=6")]) == 2
+    err = capsys.readouterr().err
+    assert "dense weights do not fit this model" in err
+    assert ("the run was trained under other settings" in err
+            and "model.embedding_dim = 6 (trained with 4)" in err), err[-2000:]
+    assert "gmeta train --fresh" in err and not (run_dir / "eval").exists()
+    assert main(["eval", "--validation-only",
+                 *_sets(run_dir, data_dir, 4, "meta.inner_lr=0.123")]) == 0
+    assert "meta.inner_lr = 0.123 (trained with " in capsys.readouterr().err

@@ -246,6 +246,8 @@ def test_a_new_study_stopped_before_its_first_trial_ends_resumes(monkeypatch, tm
         tuning.tune(*args, trials=3, rechecks=0, seed=5)
     assert [p.joinpath("trials.json").read_text()
             for p in tmp_path.glob("tune.previous-*")] == [earlier]
+    assert [p.joinpath("tuned.yaml").read_text() for p in tmp_path.glob("tune.previous-*")] \
+        == [(tmp_path / "tuned.yaml").read_text()]  # the settings it chose, kept with it
     fits = []
     monkeypatch.setattr(tuning, "chosen_factor_settings", lambda config: fits.append(1) or {})
     with pytest.raises(ConfigError, match="had another seed: 5, this one 0"):
