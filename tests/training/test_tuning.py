@@ -228,7 +228,9 @@ def test_a_resumed_study_ends_where_an_uninterrupted_one_does(monkeypatch, tmp_p
     tuning.tune(*args, trials=2, rechecks=0)
     kept = list(tmp_path.joinpath("b").glob("tune.previous-*"))
     assert len(kept) == 1 and before == {p.relative_to(kept[0]): p.read_bytes()
-                                         for p in kept[0].rglob("*") if p.is_file()}
+                                         for p in kept[0].rglob("*") if p.is_file()
+                                         and p.name != "tuned.yaml"}
+    assert (kept[0] / "tuned.yaml").is_file()  # the settings it chose, kept with it
 
 
 def test_a_new_study_stopped_before_its_first_trial_ends_resumes(monkeypatch, tmp_path):
