@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -82,9 +83,15 @@ def _sha256(path: Path) -> str:
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez``'s format (read by ``np.load``), the zip closed before its file also
+    when the write is interrupted (Ctrl-C): ``np.savez`` leaves it to the garbage
+    collector, whose late close of the closed file prints a traceback."""
     def write(tmp):
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+        with open(tmp, "wb") as f, zipfile.ZipFile(f, mode="w", allowZip64=True) as zipped:
+            for name, value in arrays.items():
+                with zipped.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(value),
+                                              allow_pickle=False)
 
     write_atomically(path, write)
 
