@@ -14,6 +14,7 @@ those checkpoints, and ``--resume`` goes on with the same patience counts.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -150,10 +151,18 @@ class Selection:
         return selection
 
 
-def validation_protocol(split: str, resplits: int) -> dict:
-    """What a validation value depends on besides the model: the split scored and how
-    many splits of each task's rows it averages (``train.valid_resplits``)."""
-    return {"split": split, "resplits": resplits}
+def validation_protocol(split: str, resplits: int, rows: str | None = None) -> dict:
+    """What a validation value depends on besides the model: the split scored, how many
+    splits of each task's rows it averages (``train.valid_resplits``) and, when given, which
+    rows the split holds (``split_rows``: a dataset made again from a log that grew holds
+    others)."""
+    return {"split": split, "resplits": resplits, **({} if rows is None else {"rows": rows})}
+
+
+def split_rows(manifest, split: str) -> str:
+    """A digest of the files of a dataset's split (their SHA-256s): which rows it holds."""
+    sums = sorted(f.sha256 for f in manifest.files_of(split))
+    return hashlib.sha256(" ".join(sums).encode()).hexdigest()[:16]
 
 
 #: What a ``BEST.json`` written before it recorded its protocol validated under: one split

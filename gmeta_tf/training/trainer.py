@@ -74,7 +74,7 @@ from gmeta_tf.training.dense_scaling import fit_dense_scaling
 from gmeta_tf.training.linear_start import start_from_linear
 from gmeta_tf.training.prior_fit import fit_prior
 from gmeta_tf.training.progress import ProgressBar
-from gmeta_tf.training.selection import Selection, validation_protocol
+from gmeta_tf.training.selection import Selection, split_rows, validation_protocol
 from gmeta_tf.training.rank_agreement import on_all_ranks
 
 log = logging.getLogger(__name__)
@@ -419,7 +419,10 @@ class Trainer:
         self._write_config()
         batches = self._batches(start, models.is_meta)
         patience_from = t.pretrain_steps if models.is_meta else 0
-        protocol = validation_protocol(t.validation_split, t.valid_resplits)
+        protocol = validation_protocol(
+            t.validation_split, t.valid_resplits,
+            split_rows(meta_io.Manifest.load(config.data.path), t.validation_split)
+            if t.eval_every else None)
         selection = Selection.load(self.ckpt_dir, selection_metric(config), t.patience,
                                    up_to_step=start, patience_from=patience_from,
                                    protocol=protocol) if start else \

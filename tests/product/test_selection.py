@@ -81,6 +81,17 @@ def test_a_resume_validating_under_another_protocol_chooses_anew(tmp_path, caplo
         assert Selection.load(tmp_path, "auc", 2, protocol=one).best == {}
     assert "resplits 4, split valid" in caplog.text and "resplits 1, split valid" in caplog.text
     assert Selection.load(tmp_path, "auc", 2, protocol=validation_protocol("other", 4)).best == {}
+    # the same split made again from a log that grew holds other rows
+    rows = validation_protocol("valid", 4, "aaaa")
+    s = Selection("auc", patience=2, protocol=rows)
+    s.update(1, {"model": {"auc": 0.7}})
+    s.save(tmp_path)
+    assert Selection.load(tmp_path, "auc", 2, protocol=rows).best["model"].step == 1
+    assert Selection.load(tmp_path, "auc", 2,
+                          protocol=validation_protocol("valid", 4, "bbbb")).best == {}
+    s = Selection("auc", patience=2, protocol=four)  # saved before the rows were recorded
+    s.update(1, {"model": {"auc": 0.7}})
+    s.save(tmp_path)
     # A BEST.json from before the protocol was recorded: it validated under one split.
     legacy = json.loads((tmp_path / "BEST.json").read_text())
     del legacy["protocol"]
