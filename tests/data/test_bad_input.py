@@ -651,3 +651,15 @@ def test_date_times_are_read_each_on_its_own(tmp_path):
     m = data.convert_csv(str(src), str(tmp_path / "skip"), mapping, split=split,
                          output=data.OutputConfig(bad_rows="skip"))
     assert m.split["rows_skipped_bad_value"] == 1 and m.split["rows_in"] == len(rows) - 1
+
+
+def test_a_mapped_column_empty_in_every_row_is_warned_of(tmp_path, caplog):
+    src = tmp_path / "in.csv"
+    src.write_text("user_id,item_id,label,site,price,tags\n"
+                   + "".join(f"{g},, ,\n" for g in GOOD))
+    mapping = {**MAPPING, "sparse": ["item_id", "site"], "dense": ["price"],
+               "multi_hot": {"tags": 2}}
+    with caplog.at_level("WARNING"):
+        data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=SPLIT)
+    assert f"{src}: columns site, tags, price empty in every row read" in caplog.text
+    assert "item_id" not in caplog.text.split("empty in every row")[0].split(": columns")[-1]

@@ -222,6 +222,8 @@ class _RowParser:
                  counts: CsvCounts) -> None:
         self.mapping, self.sides, self.policy, self.counts = mapping, sides, policy, counts
         self.rows_named = 0  # skipped rows named in the log so far
+        self.rows = 0  # rows kept
+        self.holding_values: set[str] = set()  # feature columns with a value in a kept row
         self.stored_label = LABEL if mapping.label_threshold is None else mapping.label
         # an out-of-range label's error names the key that set the range
         self.range_set_by = ({self.stored_label: "the mapping key 'label_range' (gmeta data csv "
@@ -322,15 +324,22 @@ class _RowParser:
         tasks = (hashing.to_ids(pc.utf8_trim_whitespace(text[m.task]), m.task) if m.task
                  else (np.int64(file_index) << ROW_TASK_BITS) + lines.astype(np.int64))
         cols: dict[str, np.ndarray] = {TASK_COLUMN: tasks}
+        self.rows += len(lines)
         for c in m.sparse:
             cols[c] = hashing.to_ids(pc.utf8_trim_whitespace(text[c]), c)
+            if (cols[c] != hashing.MISSING_ID).any():
+                self.holding_values.add(c)
         for c, width in m.multi_hot.items():
             slots, truncated = hashing.to_slots(text[c], c, m.separator, width)
             self.counts.truncated_multi_hot_rows += truncated
             cols.update({f"{c}__{i}": slots[:, i] for i in range(width)})
+            if (slots >= 0).any():
+                self.holding_values.add(c)
         for c in m.dense:
             self.counts.missing_dense_values += int(np.isnan(values[c]).sum())
             cols[c] = np.nan_to_num(values[c], nan=0.0).astype(np.float32)
+            if not np.isnan(values[c]).all():
+                self.holding_values.add(c)
         raw = values[m.label].astype(np.float32)
         if m.label_threshold is None:
             cols[LABEL] = raw
@@ -370,6 +379,13 @@ def _raw_batches(paths: list[str], mapping: CsvMapping, sides: list[SideTable], 
                                          policy=policy, counts=counts, block_bytes=block_bytes,
                                          missing_hint=RENAME_HINT if mapping.header else ""):
             yield parser.parse(batch, lines, path, index, in_header)
+    features = [*mapping.sparse, *mapping.multi_hot, *mapping.dense]
+    empty = [c for c in features if c not in parser.holding_values]
+    if empty and parser.rows:
+        log.warning("%s: column%s %s empty in every row read: %s nothing (ids 0, dense 0.0); "
+                    "a column named wrongly in the mapping, or one the export left empty?",
+                    ", ".join(paths), "s" if len(empty) > 1 else "", ", ".join(empty),
+                    "they tell" if len(empty) > 1 else "it tells")
 
 
 def _side_tables(mapping: CsvMapping) -> list[SideTable]:
