@@ -515,9 +515,18 @@ def _located(message: str, path: Path, text: str, overrides: Sequence[str],
         return message
     key = re.sub(r"\[\d+\]", "", found.group(1))  # a list item's key: the list's
 
-    for item in reversed(list(overrides)):
-        if _covers(key, item.partition("=")[0].strip()):
-            return f"--set {item}: {message}"
+    def set_by(k: str) -> str | None:
+        return next((item for item in reversed(list(overrides))
+                     if _covers(k, item.partition("=")[0].strip())), None)
+
+    # another key the message names as the cause, when a --set gave it its value
+    others = [(k, set_by(k)) for k in dict.fromkeys(re.findall(
+        r"\b((?:data|model|meta|train|eval|export)\.[a-z_][a-z_0-9.]*[a-z_0-9])", message))
+        if k != key]
+    message += "".join(f" ({k} as --set {item} gives it)" for k, item in others if item)
+    item = set_by(key)
+    if item is not None:
+        return f"--set {item}: {message}"
     # the tuned file's own settings (its leaves): a section it sets inside is not a key of it
     if tuned is not None and any(_covers(key, k) for k in dotted_keys(tuned[1], leaves=True)):
         return f"tuned settings {tuned[0]}: {message}"

@@ -478,3 +478,14 @@ def test_a_mapped_column_no_input_reads_is_warned_of(tmp_path, caplog):
     assert "data.mapping's dense column 'hour' is an input of no model" in caplog.text
     assert "{hour: 1}" in caplog.text and "'item_id'" not in caplog.text
     assert "'user_id'" not in caplog.text
+
+
+def test_a_conflict_a_set_made_is_blamed_on_the_set_too():
+    """A key refused because of another key's value names both where they were set: the
+    file's line of the one refused, and the --set that gave the other its value."""
+    with pytest.raises(ConfigError) as err:
+        load_config("criteo", ["model.start_from_linear=false"])
+    message = str(err.value)
+    assert "config key 'train.linear_margin'" in message and message.startswith("config file")
+    assert message.endswith("(model.start_from_linear as --set model.start_from_linear=false "
+                            "gives it)")
