@@ -168,6 +168,18 @@ def _check_unique_names(splits: list[str], items: list[str]) -> None:
         seen[name] = f"eval data {item!r}"
 
 
+def _warn_if_replacing_another(file: Path, source: str) -> None:
+    """Warns when ``file`` holds the scores of another source of the same name (a file of
+    that name in another folder): they are replaced."""
+    try:
+        before = json.loads(file.read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        return
+    if before is not None and before != source:
+        log.warning("%s held the scores of %s; it is replaced by those of %s (another "
+                    "name keeps both: copy or rename the file)", file, before, source)
+
+
 def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
                       data: list[str] | None = None, validation: bool = False,
                       validation_only: bool = False) -> list[dict]:
@@ -210,8 +222,10 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         targets.append((config.eval.split, config.eval.split, None, "evaluation"))
     items = [] if validation_only else data if data is not None else config.eval.data
     _check_unique_names([t[0] for t in targets], items)
+    sources = {name: f"split {split} of {config.data.path}" for name, split, _, _ in targets}
     for item in items:
         name, dataset = eval_dataset(config, item)
+        sources[name] = os.path.abspath(item)
         check_against_dataset(config, meta_io.Manifest.load(dataset), training=False,
                               eval_split=False)
         targets.append((name, None, dataset, "data"))
@@ -242,10 +256,11 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
         result = {"name": name, "role": role, "step": info["step"],
                   "checkpoint": info["directory"], "chosen": info.get("chosen"),
-                  "split": split, "data": dataset, "rows": rows,
+                  "split": split, "data": dataset, "source": sources[name], "rows": rows,
                   "references": references.chosen, "paired": paired,
                   "by_support_size": bands, "machine": host}
         file = out_dir / f"{name}.json"
+        _warn_if_replacing_another(file, sources[name])
         write_text_atomically(file, json.dumps(result, indent=1))
         result["table"] = "\n\n".join(t for t in (
             format_table(rows, columns), format_undone(rows),

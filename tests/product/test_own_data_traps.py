@@ -452,3 +452,18 @@ def test_checkpoints_read_under_other_settings_name_the_keys(trained, capsys):
     assert main(["eval", "--validation-only",
                  *_sets(run_dir, data_dir, 4, "meta.inner_lr=0.123")]) == 0
     assert "meta.inner_lr = 0.123 (trained with " in capsys.readouterr().err
+
+
+def test_scores_of_another_source_of_the_same_name_are_not_replaced_silently(trained, capsys):
+    run_dir, data_dir = trained
+    first, second = run_dir.parent / "a" / "held", run_dir.parent / "b" / "held"
+    for copy_to in (first, second):
+        shutil.copytree(data_dir, copy_to)
+    sets = _sets(run_dir, data_dir, 4, "eval.split=null")
+    assert main(["eval", "--data", str(first), *sets]) == 0
+    recorded = json.loads((run_dir / "eval" / "held.json").read_text())
+    assert recorded["source"] == str(first)
+    capsys.readouterr()
+    assert main(["eval", "--data", str(second), *sets]) == 0
+    assert (f"eval/held.json held the scores of {first}; it is replaced by those of "
+            f"{second}") in capsys.readouterr().err
