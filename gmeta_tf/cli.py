@@ -327,6 +327,9 @@ def _interrupted(verb: str | None) -> int:
                                              "dataset is written whole or not at all)")
     print(f"gmeta: interrupted: {after}", file=sys.stderr)
     _record_status(130, "interrupted")
+    # objects the interrupt left half-made (a zip being written, a TensorFlow executor)
+    # fail in their finalizers as the process ends: noise after the line above, not news
+    sys.unraisablehook = lambda unraisable: None
     return 130
 
 
