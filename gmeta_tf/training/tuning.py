@@ -433,8 +433,9 @@ def tune(config_arg: str, overrides: list[str], trials: int, np_: int = 1,
     record.check("prior", study_key["prior"])
     if not resume:
         _set_aside_earlier_study(root)
-    # every trial reads the dataset converted here, whatever its own run directory
-    overrides = [*overrides, f"data.path={config.data.path}",
+    # every trial reads the dataset converted (and its files checked, check_data) here,
+    # whatever its own run directory
+    overrides = [*overrides, f"data.path={config.data.path}", "data.verify=size",
                  *(f"{key}={value}" for key, value in prior.items())]
     root.mkdir(parents=True, exist_ok=True)
     if not resume:  # this study's record from the start: --resume finds it, trials or none
@@ -517,11 +518,13 @@ def check_data(config: PipelineConfig, np_: int) -> str:
     it, as ``gmeta train`` does, once before any trial: a dataset that does not fit stops
     the study with its own message instead of failing every trial. Returns a digest of
     the dataset's files (their checksums), which a resumed study must find again."""
-    from gmeta_tf.training.config_check import check_against_dataset
+    from gmeta_tf.training.config_check import check_against_dataset, check_data_files
     from gmeta_tf.training.dataset_prep import prepare_dataset
 
     manifest = prepare_dataset(config, world_size=np_)
     check_against_dataset(config, manifest, training=True, eval_split=False)
+    # the files' bytes against their checksums once here (data.verify), not in every trial
+    check_data_files(config, config.data.path, ["warm", config.train.validation_split])
     return _digest(sorted((f.path, f.sha256) for f in manifest.files))
 
 
