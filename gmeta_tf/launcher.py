@@ -70,8 +70,6 @@ def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
         signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(status_dir, ignore_errors=True)
     failed = [s for s in statuses if s["status"] != 0]
-    if not failed:
-        sys.stderr.writelines(held)  # no rank said why: every line may help
     if failed:
         worst = max(s["status"] for s in failed)
         messages = list(dict.fromkeys(s["message"] for s in sorted(failed, key=lambda s: s["rank"])
@@ -79,6 +77,7 @@ def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
         for message in messages:
             print(f"gmeta: error: {message}", file=sys.stderr)
         return worst
+    sys.stderr.writelines(held)  # no rank said why: every line may help
     if code != 0:
         sys.stderr.writelines(launcher_lines)
         print(f"gmeta: error: horovodrun exited with status {code} and no rank reported why "

@@ -47,12 +47,18 @@ def check_against_dataset(config: PipelineConfig, manifest: meta_io.Manifest, *,
                               f"label of {where}, one of {labels}")
 
 
-def check_data_files(config: PipelineConfig, path: str, splits: list[str | None]) -> None:
+def check_data_files(config: PipelineConfig, path: str, splits: list[str | None]
+                     ) -> dict[str | None, meta_io.TaskDataset]:
     """Checks this rank's share of each split's files (None: every file of the dataset at
     ``path``) against the manifest before any work: size and schema, and with
-    ``data.verify: checksum`` (the default) SHA-256. Raises DataError naming the file."""
-    for split in dict.fromkeys(splits):
-        meta_io.TaskDataset(path, split, reader=config.data.reader, verify=config.data.verify)
+    ``data.verify: checksum`` (the default) SHA-256. Raises DataError naming the file.
+
+    Returns:
+        Each split's dataset (this rank's share), as checked.
+    """
+    return {split: meta_io.TaskDataset(path, split, reader=config.data.reader,
+                                       verify=config.data.verify)
+            for split in dict.fromkeys(splits)}
 
 
 def warn_unread_features(config: PipelineConfig, manifest: meta_io.Manifest) -> None:

@@ -175,9 +175,9 @@ class Trainer:
             t = self.config.train
             check_against_dataset(self.config, meta_io.Manifest.load(d.path), training=True,
                                   eval_split=False)
-            check_data_files(self.config, d.path,
-                             ["warm", *([t.validation_split] if t.eval_every else [])])
-            dataset = meta_io.TaskDataset(d.path, "warm", reader=d.reader, verify="size")
+            dataset = check_data_files(
+                self.config, d.path,
+                ["warm", *([t.validation_split] if t.eval_every else [])])["warm"]
             if not self.config.meta.enabled and dataset.num_rows < 1:
                 raise ConfigError(f"config key 'data.path' = {d.path!r}: rank {self.rank} of "
                                   f"{self.size} has no warm rows")

@@ -49,7 +49,7 @@ from gmeta_tf.data.converters.csv_lines import (CsvCounts, CsvDialect, file_colu
                                                 header_of, named_delimiter, numbers,
                                                 text_batches, timestamps)
 from gmeta_tf.data.converters.pipeline import (OutputConfig, RawBatch, columns_to_batch, convert,
-                                              expected_label)
+                                              expected_label, label_problems)
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.schema import (LABEL_COLUMN, ROW_TASK_BITS, TASK_COLUMN, Feature,
@@ -281,12 +281,9 @@ class _RowParser:
         earliest bad row of any kind is the one an error names, and the first skipped are
         named."""
         lo, hi = self.mapping.label_range or (-np.inf, np.inf)
-        expected = expected_label(lo, hi, self.range_set_by.get(self.stored_label))
-        with np.errstate(invalid="ignore"):
-            out_of_range = (label < lo) | (label > hi)
-        return [(np.isnan(label), self.mapping.label,
-                 "missing label: the cell is empty, NA or NaN", expected, False),
-                (out_of_range, self.mapping.label, "label out of range", expected, False)]
+        expected = self._expected_number(self.mapping.label)
+        return [(mask, self.mapping.label, problem, expected, False)
+                for mask, problem in label_problems(label, lo, hi)]
 
     def _keep(self, problems: list, text: dict, lines: np.ndarray, path: str,
               in_header: dict[str, str]) -> np.ndarray | None:
@@ -294,7 +291,8 @@ class _RowParser:
         bad, dropped = np.zeros(len(lines), bool), np.zeros(len(lines), bool)
         for mask, *_, here in problems:
             bad |= mask
-            dropped |= mask if here else False
+            if here:
+                dropped |= mask
         if not bad.any():
             return None
         m = self.mapping

@@ -164,12 +164,12 @@ def check_labels(raw: RawBatch, schema: Schema, policy: str) -> tuple[pa.RecordB
     for label in sorted(schema.labels, key=lambda f: f.name == LABEL_COLUMN):
         values = raw.batch.column(label.name).to_numpy(zero_copy_only=False).astype(np.float64)
         lo, hi = label.value_range or (-np.inf, np.inf)
-        this_bad = np.isnan(values) | (values < lo) | (values > hi)
+        problems = label_problems(values, lo, hi)
+        this_bad = problems[0][0] | problems[1][0]
         if this_bad.any() and policy == "error":
             i = int(np.flatnonzero(this_bad)[0])
-            missing = bool(np.isnan(values[i]))
-            what = ("missing label: the cell is empty, NA or NaN" if missing
-                    else "label out of range")
+            missing = bool(problems[0][0][i])
+            what = next(problem for mask, problem in problems if mask[i])
             raise DataError(f"{raw.where(i)}: {what}", file=raw.source,
                             column=raw.column(label.name), task=raw.task(i),
                             value=None if missing else float(values[i]),
@@ -178,6 +178,15 @@ def check_labels(raw: RawBatch, schema: Schema, policy: str) -> tuple[pa.RecordB
     if not bad.any():
         return raw.batch, 0
     return raw.batch.filter(pa.array(~bad)), int(bad.sum())
+
+
+def label_problems(values: np.ndarray, lo: float, hi: float) -> list[tuple[np.ndarray, str]]:
+    """The rows of label ``values`` that are missing (NaN) and those outside ``[lo, hi]``,
+    each with the problem an error names."""
+    with np.errstate(invalid="ignore"):
+        out_of_range = (values < lo) | (values > hi)
+    return [(np.isnan(values), "missing label: the cell is empty, NA or NaN"),
+            (out_of_range, "label out of range")]
 
 
 def expected_label(lo: float, hi: float, set_by: str | None) -> str:
