@@ -20,11 +20,14 @@ configs exit with status 2 and a message naming the key, the value and what is a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 from typing import Sequence
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -278,27 +281,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         verb_args: argparse.Namespace | None = None
     else:
         verb_args = _parser().parse_args(argv)
+    from gmeta_tf.launcher import Terminated, raise_terminated
+
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if on_main_thread:  # a kill, docker stop: handled as Ctrl-C
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         if verb_args is None:
             return run_data(argv[1:])
-        if verb_args.verb == "train":
-            launched = _launch(argv, verb_args)
-            if launched is not None:
-                return launched
-        runner = {"train": run_train, "tune": run_tune, "eval": run_eval,
-                  "export": run_export,
-                  "config": run_config}[verb_args.verb]
-        return runner(verb_args)
+        with _run_dir_held(verb_args):
+            if verb_args.verb == "train":
+                launched = _launch(argv, verb_args)
+                if launched is not None:
+                    return launched
+            runner = {"train": run_train, "tune": run_tune, "eval": run_eval,
+                      "export": run_export,
+                      "config": run_config}[verb_args.verb]
+            return runner(verb_args)
     except (ConfigError, _data_error(), _checkpoint_error()) as err:
         return _bad_input(err)
-    except KeyboardInterrupt:
-        return _interrupted(None if verb_args is None else verb_args.verb)
+    except KeyboardInterrupt as err:
+        return _interrupted(None if verb_args is None else verb_args.verb,
+                            isinstance(err, Terminated))
     except Exception as err:
         inside = _data_error_inside(err)
         if inside is not None:
             return _bad_input(inside)
         _record_status(1, f"unexpected {type(err).__name__}: {err}")
         raise
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _data_error_inside(err: Exception) -> str | None:
@@ -321,16 +334,37 @@ _AFTER_INTERRUPT = {
 }
 
 
-def _interrupted(verb: str | None) -> int:
-    """Ctrl-C: one line saying what is kept, not a traceback; status 130 as a shell's."""
+def _interrupted(verb: str | None, terminated: bool = False) -> int:
+    """Ctrl-C or SIGTERM: one line saying what is kept, not a traceback; status 130 or 143
+    as a shell's."""
     after = _AFTER_INTERRUPT.get(verb or "", "nothing is left half-written (each file and "
                                              "dataset is written whole or not at all)")
-    print(f"gmeta: interrupted: {after}", file=sys.stderr)
-    _record_status(130, "interrupted")
+    how, status = ("terminated (SIGTERM)", 143) if terminated else ("interrupted", 130)
+    print(f"gmeta: {how}: {after}", file=sys.stderr)
+    _record_status(status, how)
     # objects the interrupt left half-made (a zip being written, a TensorFlow executor)
     # fail in their finalizers as the process ends: noise after the line above, not news
     sys.unraisablehook = lambda unraisable: None
-    return 130
+    return status
+
+
+def _in_rank() -> bool:
+    """Whether this process is a rank that ``gmeta ... --np N`` (or horovodrun) started."""
+    return any(e in os.environ for e in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
+
+
+def _run_dir_held(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """``gmeta train`` and ``gmeta tune`` hold their run directory's lock while they run
+    (``run_dir_lock``): a second one on the same run_dir is refused before it starts. The
+    ranks of ``--np N`` take none (their launcher holds it), nor does ``--elastic`` (every
+    host runs the command)."""
+    if args.verb not in ("train", "tune") or _in_rank() or getattr(args, "elastic", False):
+        return contextlib.nullcontext()
+    from gmeta_tf.run_dir_lock import run_dir_held
+
+    config = load_config(args.config or "default", list(args.overrides)) \
+        if args.verb == "tune" else _config(args)
+    return run_dir_held(config.run_dir, f"gmeta {args.verb}")
 
 
 def _bad_input(err: Exception | str) -> int:

@@ -59,7 +59,7 @@ def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
         extra: More ``horovodrun`` options (e.g. ``--network-interface eth0``).
     """
     status_dir = tempfile.mkdtemp(prefix="gmeta-ranks-")
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     command = [horovodrun(), "-np", str(np_), "-H", hosts or f"localhost:{np_}", *extra,
                sys.executable, "-m", "gmeta_tf.cli", *argv]
     env = dict(os.environ, **{STATUS_DIR_ENV: status_dir})
@@ -125,8 +125,15 @@ def _pass_through(command: list[str], env: dict) -> tuple[list[str], int, list[s
                 proc.kill()
 
 
-def _exit_on_sigterm(signum: int, frame) -> None:
-    raise SystemExit(128 + signum)  # unwinds through _pass_through, which stops the ranks
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``docker stop``, a scheduler's pre-emption), raised where the
+    process is as Ctrl-C's ``KeyboardInterrupt`` is, so the same clean-up runs: the
+    launcher stops the ranks (``_pass_through``), a ``--fresh`` run puts back what it set
+    aside, and ``gmeta`` prints one line saying what is kept (status 143)."""
+
+
+def raise_terminated(signum: int, frame) -> None:
+    raise Terminated()
 
 
 def _statuses(directory: str) -> list[dict]:

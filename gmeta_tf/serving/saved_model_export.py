@@ -223,8 +223,16 @@ def _check_replaceable(path: Path) -> None:
 def export_pipeline(config: PipelineConfig, checkpoint_path: str | None = None,
                     out: str | None = None) -> dict:
     """``gmeta export``: restores a run's checkpoint and writes ``<export.dir>/<step>``."""
+    from gmeta_tf.run_dir_lock import writable_dir
     from gmeta_tf.training.cold_start import restore_models
 
+    # checked before the model is restored: a directory it cannot write fails at once
+    if out:
+        writable_dir(Path(out).parent, "gmeta export --out",
+                     "gmeta export writes the SavedModel there", "--out DIR")
+    else:
+        writable_dir(config.export.dir, "config key 'export.dir'",
+                     "gmeta export writes the SavedModel there", "--set export.dir=...")
     models, manifest = restore_models(config, checkpoint_path)
     made_from = {"step": int(manifest["step"]), "checkpoint": _checkpoint_digest(manifest)}
     path = Path(out) if out else Path(config.export.dir, str(export_version(

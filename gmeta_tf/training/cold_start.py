@@ -24,6 +24,7 @@ from gmeta_tf import data as meta_io
 from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.machine import machine
+from gmeta_tf.run_dir_lock import writable_dir
 from gmeta_tf.training.config_check import check_against_dataset, check_data_files
 from gmeta_tf.training.evaluation import (by_support_size, comparison, comparison_dict,
                                          format_by_support_size, format_gaps, format_table,
@@ -132,6 +133,14 @@ def _restore_chosen(config: PipelineConfig) -> tuple[Models, dict]:
         restored = checkpoint.restore_latest_good(root, models.state, models.optimizers,
                                                   agree=False)
         if restored is None:
+            aside = sorted(root.parent.glob(f"{root.name}.replaced-*"))
+            if aside:  # a --fresh run stopped before its first checkpoint
+                raise ConfigError(
+                    f"config key 'run_dir' = {config.run_dir!r}: no checkpoint under "
+                    f"{root}, but the earlier run's are kept in {aside[-1]}: a 'gmeta "
+                    f"train --fresh' set them aside and stopped before its first "
+                    f"checkpoint. 'gmeta train --resume' puts them back and goes on from "
+                    f"them; 'gmeta train --fresh' trains anew")
             raise ConfigError(f"config key 'run_dir' = {config.run_dir!r}: no checkpoint "
                               f"under {root}; run 'gmeta train' first")
         info = {"step": restored.step, "world_size": restored.world_size,
@@ -208,6 +217,8 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         raise ConfigError(f"--data {data} is not allowed with --validation-only: expected "
                           f"the validation split alone to be scored")
     validation = validation or validation_only
+    out_dir = writable_dir(Path(config.run_dir, EVAL_DIR), "config key 'run_dir'",
+                           "gmeta eval writes its results there", "--set run_dir=...")
     # Every key naming a split or a label is checked against every set to score before
     # the models are restored and anything is scored.
     check_against_dataset(config, meta_io.Manifest.load(config.data.path), training=False,
@@ -240,8 +251,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         if dataset is not None:
             check_data_files(config, dataset, [None])
     models, info = restore_models(config, path)
-    out_dir = Path(config.run_dir, EVAL_DIR)
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     references = fit_reference_predictors(models, config)
     results, host = [], machine()  # one record for every target of this process
     for name, split, dataset, role in targets:

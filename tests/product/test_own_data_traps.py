@@ -467,3 +467,88 @@ def test_scores_of_another_source_of_the_same_name_are_not_replaced_silently(tra
     assert main(["eval", "--data", str(second), *sets]) == 0
     assert (f"eval/held.json held the scores of {first}; it is replaced by those of "
             f"{second}") in capsys.readouterr().err
+
+
+def test_a_second_run_in_a_run_dir_in_use_is_refused_and_sigterm_says_what_is_kept(
+        tiny_data, tmp_path):
+    """While `gmeta train` runs, a second `train` (even --fresh, which would set the first
+    run's checkpoints aside and delete them) and a `tune` on the same run_dir are refused
+    at once, naming the run that holds it; SIGTERM (a kill, `docker stop`) then stops the
+    first as Ctrl-C does (one line, status 143, no traceback) and lets the run_dir go."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    sets = _sets(run_dir, tiny_data, 100000, "train.checkpoint_every=2", "train.log_every=2")
+    proc = subprocess.Popen([gmeta(), "train", "--fresh", *sets], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    folder = run_dir / "checkpoints"
+
+    def complete() -> list[int]:
+        return sorted(int(p.name.split("-")[1]) for p in folder.glob("ckpt-*")
+                      if (p / "MANIFEST.json").is_file()) if folder.is_dir() else []
+
+    deadline = time.monotonic() + 240
+    while not complete():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.5)
+    try:
+        for verb in (["train", "--fresh"], ["tune", "--trials", "1"]):
+            second = subprocess.run([gmeta(), *verb, *sets], capture_output=True, text=True,
+                                    timeout=300)
+            assert second.returncode == 2, second.stderr[-3000:]
+            assert f"'gmeta train' (process {proc.pid} on " in second.stderr, second.stderr
+            assert "is writing it" in second.stderr and "--set run_dir=" in second.stderr
+            assert "Traceback" not in second.stderr
+        assert not list(run_dir.glob("checkpoints.replaced-*"))  # nothing set aside
+        assert not (run_dir / "tune").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143, err
+    assert "gmeta: terminated (SIGTERM): every complete checkpoint is kept" in err, err
+    assert "Traceback" not in err, err
+    step = complete()[-1]
+    checkpoint.verify(folder / f"ckpt-{step}")
+    assert main(["train", "--resume", *_sets(run_dir, tiny_data, step + 2)]) == 0
+
+
+def test_eval_after_a_fresh_run_killed_early_names_the_checkpoints_set_aside(trained,
+                                                                             capsys):
+    """A `train --fresh` killed before its first checkpoint leaves the earlier run's
+    checkpoints set aside: eval and export say where, and that --resume puts them back."""
+    run_dir, data_dir = trained
+    aside = run_dir / "checkpoints.replaced-20260101T000000"
+    os.replace(run_dir / "checkpoints", aside)  # as the killed --fresh run left them
+    for verb in ("eval", "export"):
+        assert main([verb, *_sets(run_dir, data_dir, 4)]) == 2
+        err = capsys.readouterr().err
+        assert f"the earlier run's are kept in {aside}" in err, err
+        assert "'gmeta train --resume' puts them back" in err, err
+    assert main(["train", "--resume", *_sets(run_dir, data_dir, 4)]) == 0
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+
+
+def _read_only(run_dir: Path, command: list[str]) -> subprocess.CompletedProcess:
+    """``command`` run with ``run_dir`` mounted read-only over itself, in a mount
+    namespace of its own (nothing outside it sees the mount)."""
+    script = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && '
+              'exec "$@"')
+    return subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(run_dir),
+                           *command], capture_output=True, text=True, timeout=600)
+
+
+def test_a_run_dir_that_cannot_be_written_is_refused_before_any_work(trained):
+    """A read-only run_dir: eval, export and train stop at once, naming it and the
+    system's reason (not a traceback after the evaluation's work)."""
+    run_dir, data_dir = trained
+    if os.geteuid() != 0 or shutil.which("unshare") is None or \
+            _read_only(run_dir, ["true"]).returncode != 0:
+        pytest.skip("needs root and unshare to mount the run directory read-only")
+    sets = _sets(run_dir, data_dir, 4)
+    for verb in (["eval"], ["export"], ["train", "--resume"]):
+        result = _read_only(run_dir, [gmeta(), *verb, *sets])
+        assert result.returncode == 2, (verb, result.stderr[-3000:])
+        assert "is not writable (Read-only file system)" in result.stderr, result.stderr
+        assert "nothing was started" in result.stderr and "Traceback" not in result.stderr
+    assert not (run_dir / "eval").exists() and _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
