@@ -91,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
                                          "validation, else the latest)")
     ev.add_argument("--data", action="append", metavar="PATH",
                     help="score this dataset directory or raw file instead of eval.data "
-                         "(repeatable); each result goes to <run_dir>/eval/<name>.json")
+                         "(repeatable; the eval.split, when set, is scored too); each "
+                         "result goes to <run_dir>/eval/<name>.json")
     scored = ev.add_mutually_exclusive_group()
     scored.add_argument("--validation", action="store_true",
                         help="also score the validation split (train.validation_split) the "

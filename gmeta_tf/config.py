@@ -985,7 +985,9 @@ def check_consistency(config: PipelineConfig) -> None:
                     f"factorisation is of ratings, read by MeLU's output layer)")
     if model.prior is not None and not model.prior.factors_in_output and not model.prior.factors:
         raise _fail("model.prior.factors_in_output", model.prior.factors_in_output,
-                    "true without model.prior.factors (there are no factors to keep out)")
+                    "true (the default) when model.prior.factors is 0: "
+                    "factors_in_output: false keeps the factors out of the output layer, and "
+                    "there are none")
     if model.prior is not None and model.prior.blend is not None and not model.prior.factors:
         raise _fail("model.prior.blend", model.prior.blend,
                     "None without model.prior.factors (the blend is with the factorisation's "

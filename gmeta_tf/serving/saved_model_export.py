@@ -96,6 +96,7 @@ class ServingModule(tf.Module):
         tower, head, embedding = model.tower, model.head, self.embedding
 
         def serve(features):
+            _check_rows("serving_default", features)
             emb = embedding(embedding_inputs(features, tower.sparse_features), training=False)
             inputs = {**emb, **tower.raw_inputs(features)}
             return {"scores": head.predict(tower(inputs))}
@@ -114,6 +115,8 @@ class ServingModule(tf.Module):
         embedding, label = self.embedding, model.head.label
 
         def adapt(support, query):
+            _check_rows("adapt", support)
+            _check_rows("adapt", query)
             batch = single_task_batch(_strip("support_", support), _strip("query_", query), label)
             outputs = adapted_outputs(embedding, adapter, batch, rates, model.rates_per_step)
             return {"scores": tf.squeeze(model.head.predict(outputs), 0)}
@@ -134,6 +137,20 @@ def _role_specs(role: str, specs: Mapping[str, tf.TensorSpec],
     if label is not None:
         out[f"{role}_{label}"] = tf.TensorSpec([None], tf.float32, name=f"{role}_{label}")
     return out
+
+
+def _check_rows(signature: str, inputs: Mapping[str, tf.Tensor]) -> None:
+    """Every input of one role (the query's features; the support's features and label)
+    has one row per example: a request whose inputs differ in length fails naming them,
+    instead of a length-1 input being broadcast over the others or an error naming a
+    graph node."""
+    names = sorted(inputs)
+    first = names[0]
+    for name in names[1:]:
+        tf.debugging.assert_equal(
+            tf.shape(inputs[name])[0], tf.shape(inputs[first])[0],
+            message=f"signature {signature}: input {name} has another number of rows than "
+                    f"{first} (every row needs a value of each input)")
 
 
 def _strip(prefix: str, features: Mapping[str, tf.Tensor]) -> dict:

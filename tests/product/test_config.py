@@ -154,8 +154,8 @@ def test_numbers_in_exponent_form_without_a_dot_are_numbers(tmp_path):
      "'model.prior.item_bias' = 'fitted' is not allowed: expected None without "
      "model.prior.factors"),
     ("model.prior={feature: item_id, factors_in_output: false}",
-     "'model.prior.factors_in_output' = False is not allowed: expected true without "
-     "model.prior.factors"),
+     "'model.prior.factors_in_output' = False is not allowed: expected true (the default) "
+     "when model.prior.factors is 0"),
     ("model.prior={feature: item_id, factors_in_output: 2}",
      "'model.prior.factors_in_output' = 2 is not allowed"),
 ])

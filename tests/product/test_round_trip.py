@@ -224,6 +224,34 @@ def test_the_saved_model_adapts_for_the_steps_gmeta_eval_adapts_for(trained, tmp
     assert not np.allclose(one_step, two_steps)
 
 
+def test_a_request_whose_inputs_differ_in_length_is_refused_naming_them(trained):
+    """A support label short of the support rows used to be broadcast over them (one label
+    for every row) and served without a word; query inputs of two lengths failed naming a
+    graph node. Both signatures now refuse such a request naming the inputs."""
+    models, manifest = restore_models(trained)
+    features = models.model.tower.feature_names
+    batch = next(iter(meta_io.read_tasks(trained.data.path, 4, None, None, split="cold")))
+    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
+    assert len(support[models.model.head.label]) >= 2 and len(query[features[0]]) >= 2
+    loaded = tf.saved_model.load(str(Path(trained.export.dir, str(manifest["step"]))))
+    request = {**{f"support_{k}": tf.constant(support[k]) for k in features},
+               f"support_{models.model.head.label}": tf.constant(
+                   support[models.model.head.label][:1]),  # one label for many rows
+               **{f"query_{k}": tf.constant(query[k]) for k in features}}
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="signature adapt: input support_"):
+        loaded.signatures["adapt"](**request)
+    request[f"support_{models.model.head.label}"] = tf.constant(
+        support[models.model.head.label])
+    loaded.signatures["adapt"](**request)  # the whole request is served
+    short = {k: tf.constant(query[k]) for k in features}
+    short[features[-1]] = short[features[-1]][:1]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="signature serving_default: input .* has another number of "
+                             "rows"):
+        loaded.signatures["serving_default"](**short)
+
+
 def test_exported_graph_has_no_custom_op(trained):
     from tensorflow.core.protobuf import saved_model_pb2
 
