@@ -409,31 +409,41 @@ def test_tune_stops_before_its_trials_on_a_pipeline_that_cannot_train(trained, c
     assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
 
 
+def _complete_checkpoints(run_dir: Path) -> list[int]:
+    """The steps of the run's checkpoints whose MANIFEST.json (written last) is there."""
+    folder = run_dir / "checkpoints"
+    return sorted(int(p.name.split("-")[1]) for p in folder.glob("ckpt-*")
+                  if (p / "MANIFEST.json").is_file()) if folder.is_dir() else []
+
+
+def _train_until_a_checkpoint(run_dir: Path, sets: list[str]) -> subprocess.Popen:
+    """`gmeta train --fresh` started in its own process, returned once it has written a
+    complete checkpoint (and is still training)."""
+    import time
+
+    proc = subprocess.Popen([gmeta(), "train", "--fresh", *sets], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 240
+    while not _complete_checkpoints(run_dir):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.5)
+    return proc
+
+
 def test_ctrl_c_says_what_is_kept_and_how_to_go_on(tiny_data, tmp_path):
     """Ctrl-C in a training run: one line naming what is kept and the --resume that goes
     on (status 130, no traceback); its checkpoints are whole and the run resumes."""
     import signal
-    import time
 
     run_dir = tmp_path / "run"
     sets = _sets(run_dir, tiny_data, 100000, "train.checkpoint_every=2", "train.log_every=2")
-    proc = subprocess.Popen([gmeta(), "train", "--fresh", *sets], stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True)
-    def complete() -> list[int]:
-        folder = run_dir / "checkpoints"
-        return sorted(int(p.name.split("-")[1]) for p in folder.glob("ckpt-*")
-                      if (p / "MANIFEST.json").is_file()) if folder.is_dir() else []
-
-    deadline = time.monotonic() + 240
-    while not complete():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.5)
+    proc = _train_until_a_checkpoint(run_dir, sets)
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1]
     assert proc.returncode == 130, err
     assert "gmeta: interrupted: every complete checkpoint is kept" in err, err
     assert "--resume goes on from the newest" in err and "Traceback" not in err, err
-    step = complete()[-1]
+    step = _complete_checkpoints(run_dir)[-1]
     checkpoint.verify(run_dir / "checkpoints" / f"ckpt-{step}")
     assert main(["train", "--resume", *_sets(run_dir, tiny_data, step + 2)]) == 0
 
@@ -476,22 +486,11 @@ def test_a_second_run_in_a_run_dir_in_use_is_refused_and_sigterm_says_what_is_ke
     at once, naming the run that holds it; SIGTERM (a kill, `docker stop`) then stops the
     first as Ctrl-C does (one line, status 143, no traceback) and lets the run_dir go."""
     import signal
-    import time
 
     run_dir = tmp_path / "run"
     sets = _sets(run_dir, tiny_data, 100000, "train.checkpoint_every=2", "train.log_every=2")
-    proc = subprocess.Popen([gmeta(), "train", "--fresh", *sets], stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True)
+    proc = _train_until_a_checkpoint(run_dir, sets)
     folder = run_dir / "checkpoints"
-
-    def complete() -> list[int]:
-        return sorted(int(p.name.split("-")[1]) for p in folder.glob("ckpt-*")
-                      if (p / "MANIFEST.json").is_file()) if folder.is_dir() else []
-
-    deadline = time.monotonic() + 240
-    while not complete():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.5)
     try:
         for verb in (["train", "--fresh"], ["tune", "--trials", "1"]):
             second = subprocess.run([gmeta(), *verb, *sets], capture_output=True, text=True,
@@ -508,7 +507,7 @@ def test_a_second_run_in_a_run_dir_in_use_is_refused_and_sigterm_says_what_is_ke
     assert proc.returncode == 143, err
     assert "gmeta: terminated (SIGTERM): every complete checkpoint is kept" in err, err
     assert "Traceback" not in err, err
-    step = complete()[-1]
+    step = _complete_checkpoints(run_dir)[-1]
     checkpoint.verify(folder / f"ckpt-{step}")
     assert main(["train", "--resume", *_sets(run_dir, tiny_data, step + 2)]) == 0
 
