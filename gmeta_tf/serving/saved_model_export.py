@@ -117,6 +117,8 @@ class ServingModule(tf.Module):
         def adapt(support, query):
             _check_rows("adapt", support)
             _check_rows("adapt", query)
+            _check_support_labels(support[f"support_{label}"], f"support_{label}",
+                                  model.head.kind)
             batch = single_task_batch(_strip("support_", support), _strip("query_", query), label)
             outputs = adapted_outputs(embedding, adapter, batch, rates, model.rates_per_step)
             return {"scores": tf.squeeze(model.head.predict(outputs), 0)}
@@ -151,6 +153,23 @@ def _check_rows(signature: str, inputs: Mapping[str, tf.Tensor]) -> None:
             tf.shape(inputs[name])[0], tf.shape(inputs[first])[0],
             message=f"signature {signature}: input {name} has another number of rows than "
                     f"{first} (every row needs a value of each input)")
+
+
+def _check_support_labels(labels: tf.Tensor, name: str, head_kind: str) -> None:
+    """A support label that is NaN or infinite (or, for a binary head, outside [0, 1])
+    fails the request naming the input, instead of being fitted into NaN or meaningless
+    adapted scores that are served without a word."""
+    finite = tf.math.is_finite(labels)
+    tf.debugging.Assert(tf.reduce_all(finite), [
+        f"signature adapt: input {name} holds a NaN or infinite label (expected a finite "
+        f"label on every support row); rows of such labels:",
+        tf.reduce_sum(tf.cast(~finite, tf.int32))])
+    if head_kind == "binary":
+        inside = tf.reduce_all((labels >= 0.0) & (labels <= 1.0))
+        tf.debugging.Assert(inside, [
+            f"signature adapt: input {name} holds a label outside [0, 1] (expected click "
+            f"labels of a binary head); its smallest and largest labels:",
+            tf.reduce_min(labels), tf.reduce_max(labels)])
 
 
 def _strip(prefix: str, features: Mapping[str, tf.Tensor]) -> dict:

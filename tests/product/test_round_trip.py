@@ -227,7 +227,8 @@ def test_the_saved_model_adapts_for_the_steps_gmeta_eval_adapts_for(trained, tmp
 def test_a_request_whose_inputs_differ_in_length_is_refused_naming_them(trained):
     """A support label short of the support rows used to be broadcast over them (one label
     for every row) and served without a word; query inputs of two lengths failed naming a
-    graph node. Both signatures now refuse such a request naming the inputs."""
+    graph node. Both signatures now refuse such a request naming the inputs, and the adapt
+    signature one whose support labels are NaN or (a binary head's) outside [0, 1]."""
     models, manifest = restore_models(trained)
     features = models.model.tower.feature_names
     batch = next(iter(meta_io.read_tasks(trained.data.path, 4, None, None, split="cold")))
@@ -244,6 +245,18 @@ def test_a_request_whose_inputs_differ_in_length_is_refused_naming_them(trained)
     request[f"support_{models.model.head.label}"] = tf.constant(
         support[models.model.head.label])
     loaded.signatures["adapt"](**request)  # the whole request is served
+    nan_label = np.array(support[models.model.head.label], np.float32)
+    nan_label[-1] = np.nan
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="signature adapt: input support_.* holds a NaN or infinite"):
+        loaded.signatures["adapt"](**{**request, f"support_{models.model.head.label}":
+                                      tf.constant(nan_label)})
+    assert models.model.head.kind == "binary"
+    rating_label = np.array(support[models.model.head.label], np.float32) + 3.0
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="signature adapt: input support_.* outside \\[0, 1\\]"):
+        loaded.signatures["adapt"](**{**request, f"support_{models.model.head.label}":
+                                      tf.constant(rating_label)})
     short = {k: tf.constant(query[k]) for k in features}
     short[features[-1]] = short[features[-1]][:1]
     with pytest.raises(tf.errors.InvalidArgumentError,
