@@ -82,10 +82,13 @@ class ServingModule(tf.Module):
         adaptation: Also trace the ``adapt`` signature (meta models only).
         adapt_steps: The inner steps it adapts a task for (None: the model's k), as
             ``gmeta eval`` adapts (``eval.adapt_steps``).
+        label_range: The range of a valid support label (``_label_range``; None: any
+            finite label).
     """
 
     def __init__(self, model: tf.keras.Model, specs: Mapping[str, tf.TensorSpec],
-                 adaptation: bool, adapt_steps: int | None = None):
+                 adaptation: bool, adapt_steps: int | None = None,
+                 label_range: tuple[float, float] | None = None):
         super().__init__(name="gmeta_serving")
         self.embedding = StaticEmbedding(frozen_tables(model.embedding),
                                          model.embedding.feature_configs)
@@ -106,10 +109,12 @@ class ServingModule(tf.Module):
         if adaptation and isinstance(model, MetaModel):
             self.inner_rates = list(model.inner_lr_variables.values())
             self.ridge = model.ridge_variables
-            self.adapt = graph_function(self._adapt_fn(model, adapt_steps), input_signature=[
-                _role_specs("support", specs, head.label), _role_specs("query", specs)])
+            self.adapt = graph_function(
+                self._adapt_fn(model, adapt_steps, label_range), input_signature=[
+                    _role_specs("support", specs, head.label), _role_specs("query", specs)])
 
-    def _adapt_fn(self, model: MetaModel, steps: int | None):
+    def _adapt_fn(self, model: MetaModel, steps: int | None,
+                  label_range: tuple[float, float] | None):
         adapter: TaskAdapter = model.adapter_for(steps)
         rates = model.inner_learning_rates()
         embedding, label = self.embedding, model.head.label
@@ -118,7 +123,7 @@ class ServingModule(tf.Module):
             _check_rows("adapt", support)
             _check_rows("adapt", query)
             _check_support_labels(support[f"support_{label}"], f"support_{label}",
-                                  model.head.kind)
+                                  label_range)
             batch = single_task_batch(_strip("support_", support), _strip("query_", query), label)
             outputs = adapted_outputs(embedding, adapter, batch, rates, model.rates_per_step)
             return {"scores": tf.squeeze(model.head.predict(outputs), 0)}
@@ -155,20 +160,30 @@ def _check_rows(signature: str, inputs: Mapping[str, tf.Tensor]) -> None:
                     f"{first} (every row needs a value of each input)")
 
 
-def _check_support_labels(labels: tf.Tensor, name: str, head_kind: str) -> None:
-    """A support label that is NaN or infinite (or, for a binary head, outside [0, 1])
-    fails the request naming the input, instead of being fitted into NaN or meaningless
-    adapted scores that are served without a word."""
+def _label_range(schema: meta_io.Schema, head) -> tuple[float, float] | None:
+    """The range a valid label of the head lies in: the dataset's (its conversion's
+    ``label_range``, 0/1 for a thresholded label), else [0, 1] for a binary head."""
+    feature = next((f for f in schema.features if f.name == head.label), None)
+    if feature is not None and feature.value_range is not None:
+        return feature.value_range
+    return (0.0, 1.0) if head.kind == "binary" else None
+
+
+def _check_support_labels(labels: tf.Tensor, name: str,
+                          valid: tuple[float, float] | None) -> None:
+    """A support label that is NaN or infinite, or outside the range of the labels the
+    model was trained on, fails the request naming the input, instead of being fitted into
+    NaN or meaningless adapted scores that are served without a word."""
     finite = tf.math.is_finite(labels)
     tf.debugging.Assert(tf.reduce_all(finite), [
         f"signature adapt: input {name} holds a NaN or infinite label (expected a finite "
         f"label on every support row); rows of such labels:",
         tf.reduce_sum(tf.cast(~finite, tf.int32))])
-    if head_kind == "binary":
-        inside = tf.reduce_all((labels >= 0.0) & (labels <= 1.0))
-        tf.debugging.Assert(inside, [
-            f"signature adapt: input {name} holds a label outside [0, 1] (expected click "
-            f"labels of a binary head); its smallest and largest labels:",
+    if valid is not None:
+        lo, hi = valid
+        tf.debugging.Assert(tf.reduce_all((labels >= lo) & (labels <= hi)), [
+            f"signature adapt: input {name} holds a label outside [{lo:g}, {hi:g}] (expected "
+            f"labels in the range of the training data's); its smallest and largest labels:",
             tf.reduce_min(labels), tf.reduce_max(labels)])
 
 
@@ -203,7 +218,8 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     tidy_staging(path, "an export")  # what a killed export left, its set-aside put back
     if os.path.lexists(path):  # a dangling link too: refused before the work
         _check_replaceable(path)  # before the work, and again before the swap
-    module = ServingModule(model, specs, adaptation, adapt_steps)
+    label_range = _label_range(schema, model.head)
+    module = ServingModule(model, specs, adaptation, adapt_steps, label_range)
     signatures = module.signatures()
     # TF Serving loads any numeric directory it finds: the model is written under a hidden
     # name and appears whole; an export already at ``path`` is set aside and removed only
@@ -211,7 +227,7 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     staging = Path(staging_dir(path))
     try:
         tf.saved_model.save(module, str(staging), signatures=signatures)
-        info = _write_info(model, module, signatures, staging, path, made_from)
+        info = _write_info(model, module, signatures, staging, path, made_from, label_range)
         fsync_tree(staging)  # durable before an export it replaces is let go
         replace_dir(staging, path, lambda old: _check_replaceable(Path(old)))
     finally:
@@ -221,7 +237,7 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
 
 
 def _write_info(model, module, signatures, staging: Path, path: Path,
-                made_from: dict | None) -> dict:
+                made_from: dict | None, label_range: tuple[float, float] | None) -> dict:
     info = {
         "path": str(path),
         **({} if made_from is None else {"made_from": made_from}),
@@ -230,6 +246,8 @@ def _write_info(model, module, signatures, staging: Path, path: Path,
                        for name, fn in signatures.items()},
         "table_rows": {t: int(v.shape[0]) for t, v in module.embedding.ids.items()},
         "label": model.head.label,
+        **({} if label_range is None or ADAPT_SIGNATURE not in signatures
+           else {"support_label_range": list(label_range)}),
     }
     extra = staging / "assets.extra"
     extra.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,10 @@ section's code blocks, so tests can walk it as written."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,3 +87,47 @@ def readme_commands_after(first_line: str) -> list[list[str]]:
             return [line.split("#")[0].split() for line in commands.splitlines()
                     if line.split("#")[0].strip()]
     raise AssertionError(f"README has no code block starting with {first_line!r}")
+
+
+def run_readme_commands(work: Path, first_line: str,
+                        shorter: list[str] = SHORT) -> list[subprocess.CompletedProcess]:
+    """Runs the bash block after the README block starting with ``first_line`` in
+    ``work``, each command as written plus ``shorter`` (tune, train, eval, export) and a
+    tune budget of one trial without re-checks; fails naming the command that failed."""
+    results = []
+    for words in readme_commands_after(first_line):
+        assert words[0] == "gmeta", words
+        extra = shorter if words[1] in ("tune", "train", "eval", "export") else []
+        if words[1] == "tune":  # and the budget: the pipeline's own settings, no re-check
+            extra = extra + ["--trials", "1", "--rechecks", "0"]  # (search: test_selection)
+        result = subprocess.run([gmeta(), *words[1:], *extra], cwd=work, capture_output=True,
+                                text=True, timeout=900,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        assert result.returncode == 0, f"{words} exited {result.returncode}:\n" \
+                                       f"{(result.stdout + result.stderr)[-5000:]}"
+        results.append(result)
+    return results
+
+
+def config_in(work: Path, name: str, overrides: list[str] = ()):
+    """The config ``name`` as the README's commands read it in ``work`` (its relative
+    paths are relative to the working directory), with ``--set`` flags or bare
+    overrides."""
+    from gmeta_tf.config import load_config
+
+    cwd = Path.cwd()
+    os.chdir(work)
+    try:
+        return load_config(name, [s for s in overrides if s != "--set"])
+    finally:
+        os.chdir(cwd)
+
+
+def walk_readme_example(work: Path, first_line: str):
+    """Writes the README's config block starting with ``first_line`` (``# NAME.yaml``) to
+    ``work`` and runs the commands after it there, shortened (``run_readme_commands``).
+    Returns the config as they read it and their completed processes."""
+    name = first_line.lstrip("# ").split()[0]
+    (work / name).write_text(readme_block(first_line))
+    results = run_readme_commands(work, first_line)
+    return config_in(work, name, SHORT), results

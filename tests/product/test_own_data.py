@@ -7,51 +7,28 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
+import tensorflow as tf
 
 from gmeta_tf import data as meta_io
-from gmeta_tf.config import load_config
 from gmeta_tf.data import hashing
 from tests.product.conftest import served, served_and_expected
-from tests.product.own_data import (SHORT, gmeta, readme_block, readme_commands_after,
+from tests.product.own_data import (config_in, readme_block,
+                                    run_readme_commands,
+                                    walk_readme_example,
                                     write_ratings)
-
-
-def run_readme_commands(work: Path, first_line: str,
-                        shorter: list[str] = SHORT) -> list[subprocess.CompletedProcess]:
-    results = []
-    for words in readme_commands_after(first_line):
-        assert words[0] == "gmeta", words
-        extra = shorter if words[1] in ("tune", "train", "eval", "export") else []
-        if words[1] == "tune":  # and the budget: the pipeline's own settings, no re-check
-            extra = extra + ["--trials", "1", "--rechecks", "0"]  # (search: test_selection)
-        result = subprocess.run([gmeta(), *words[1:], *extra], cwd=work, capture_output=True,
-                                text=True, timeout=900,
-                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-        assert result.returncode == 0, f"{words} exited {result.returncode}:\n" \
-                                       f"{(result.stdout + result.stderr)[-5000:]}"
-        results.append(result)
-    return results
 
 
 @pytest.fixture(scope="module")
 def ratings_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("own_ratings")
     rows = write_ratings(work)
-    (work / "my_ratings.yaml").write_text(readme_block("# my_ratings.yaml"))
-    results = run_readme_commands(work, "# my_ratings.yaml")
-    cwd = Path.cwd()
-    os.chdir(work)  # the README's relative paths are relative to the working directory
-    try:
-        config = load_config("my_ratings.yaml", [s for s in SHORT if s != "--set"])
-    finally:
-        os.chdir(cwd)
+    config, results = walk_readme_example(work, "# my_ratings.yaml")
     return work, rows, config, results
 
 
@@ -248,6 +225,19 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     out, expected, expected_adapted = served_and_expected(model, batch, exported, tmp_path)
     np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)
+    # a support rating outside the mapping's label_range is refused, naming the input
+    export_info = json.loads((exported / "assets.extra" / "gmeta_export.json").read_text())
+    assert export_info["support_label_range"] == [1.0, 5.0]
+    loaded = tf.saved_model.load(str(exported))
+    features = model.tower.feature_names
+    support = {k: np.asarray(batch["support"][k][0][:3]) for k in (*features, "rating")}
+    query = {k: np.asarray(batch["query"][k][0][:2]) for k in features}
+    support["rating"] = np.array([4.0, 7.0, 3.0], np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input support_rating holds a label outside \[1, 5\]"):
+        loaded.signatures["adapt"](**{f"support_{k}": tf.constant(v)
+                                      for k, v in support.items()},
+                                   **{f"query_{k}": tf.constant(v) for k, v in query.items()})
 
 
 def test_the_factor_prior_is_the_factorisation_of_every_ranks_warm_rows(ratings_run):
@@ -291,11 +281,11 @@ def clicks_run(tmp_path_factory):
     test_rows = write_clicks(work / "clicks_test.csv", rows=700, seed=1, sites=200)
     (work / "my_clicks.yaml").write_text(readme_block("# my_clicks.yaml"))
     cwd = Path.cwd()
-    os.chdir(work)
+    os.chdir(work)  # prepare_dataset reads the raw file's relative path
     try:
         from gmeta_tf.training import prepare_dataset
 
-        config = load_config("my_clicks.yaml")
+        config = config_in(work, "my_clicks.yaml")
         manifest = prepare_dataset(config, world_size=2)  # what train --np 2 does first
         shares = [meta_io.TaskDataset(config.data.path, "warm", rank=r, size=2).num_rows
                   for r in range(2)]
@@ -338,27 +328,14 @@ def test_the_click_example_starts_at_the_linear_model_and_validates_it_first(cli
     assert "step 0 validation (valid split" in out, out[-3000:]
 
 
-def _clicks_config(work: Path):
-    """The click example's config as the README's commands read it in ``work`` (its
-    relative paths made absolute there)."""
-    cwd = Path.cwd()
-    os.chdir(work)
-    try:
-        return load_config("my_clicks.yaml")
-    finally:
-        os.chdir(cwd)
-
-
 def test_clicks_features_share_a_table_but_not_rows(clicks_run):
     from gmeta_tf.training.cold_start import restore_models
 
     work, *_ = clicks_run
-    models, _ = restore_models(_clicks_config(work))
+    models, _ = restore_models(config_in(work, "my_clicks.yaml"))
     embedding = models.model.embedding
     salts = {f.name: f.id_salt for f in embedding.feature_configs}
     assert len(set(salts.values())) == 4 and 0 not in salts.values()
-    import tensorflow as tf
-
     one = tf.constant([1], tf.int64)  # device_type=1 and banner_pos=1 both occur
     out = embedding({n: one for n in salts}, training=False)
     assert not np.allclose(out["device_type"].numpy(), out["banner_pos"].numpy())
@@ -371,7 +348,7 @@ def test_the_exported_click_model_serves_in_a_fresh_process_as_trained(clicks_ru
     from gmeta_tf.training.evaluation import row_batches
 
     work, *_ = clicks_run
-    config = _clicks_config(work)
+    config = config_in(work, "my_clicks.yaml")
     models, info = restore_models(config)
     batch = next(iter(row_batches(config, config.train.validation_split)))
     model = models.model

@@ -252,6 +252,9 @@ def test_a_request_whose_inputs_differ_in_length_is_refused_naming_them(trained)
         loaded.signatures["adapt"](**{**request, f"support_{models.model.head.label}":
                                       tf.constant(nan_label)})
     assert models.model.head.kind == "binary"
+    info = json.loads(Path(trained.export.dir, str(manifest["step"]), "assets.extra",
+                           "gmeta_export.json").read_text())
+    assert info["support_label_range"] == [0.0, 1.0]  # the dataset's label range
     rating_label = np.array(support[models.model.head.label], np.float32) + 3.0
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="signature adapt: input support_.* outside \\[0, 1\\]"):

@@ -6,17 +6,14 @@ a fresh process serving the SavedModel as the trained model predicts."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gmeta_tf import data as meta_io
-from gmeta_tf.config import load_config
 from tests.product.conftest import served_and_expected
-from tests.product.own_data import SHORT, readme_block, write_ratings
-from tests.product.test_own_data import run_readme_commands
+from tests.product.own_data import walk_readme_example, write_ratings
 
 FIRST_LINE = "# my_user_clicks.yaml"
 
@@ -39,14 +36,7 @@ def write_user_clicks(work: Path) -> int:
 def user_clicks_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("user_clicks")
     rows = write_user_clicks(work)
-    (work / "my_user_clicks.yaml").write_text(readme_block(FIRST_LINE))
-    results = run_readme_commands(work, FIRST_LINE)
-    cwd = Path.cwd()
-    os.chdir(work)  # the README's relative paths are relative to the working directory
-    try:
-        config = load_config("my_user_clicks.yaml", [s for s in SHORT if s != "--set"])
-    finally:
-        os.chdir(cwd)
+    config, results = walk_readme_example(work, FIRST_LINE)
     return work, rows, config, results
 
 
