@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import ipaddress
 import json
+import logging
 import os
 import re
 import shutil
@@ -51,6 +52,8 @@ INTERFACE = "eth0"
 MAX_HOSTS = 8
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+
+log = logging.getLogger(__name__)
 
 
 class ClusterError(RuntimeError):
@@ -296,11 +299,25 @@ class LocalCluster:
     def _start_sshd(self, host: Host) -> None:
         if self._sshd_pid(host) is not None:
             return
+        self._stop_stale_sshd(host)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
         sshd = shutil.which("sshd", path="/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
         config = str(self._host_dir(host) / "sshd_config")
         _run(sshd, "-t", "-f", config, netns=host.netns)
         _run(sshd, "-f", config, netns=host.netns)
+
+    def _stop_stale_sshd(self, host: Host) -> None:
+        """An sshd listening in the host's namespace that this cluster's state did not
+        start (a cluster of the same name whose process was killed before ``down``, its
+        state folder elsewhere or gone) would answer on the host's address with its own
+        host key, which ours does not match: it is stopped, with a warning. Only listeners
+        go (an sshd whose parent is not an sshd), not the sessions they served."""
+        for pid in self.pids(host):
+            if _exe(pid).endswith("sshd") and not _exe(_parent(pid)).endswith("sshd"):
+                log.warning("%s: stopping sshd %d, left listening there by an earlier "
+                            "cluster of the same name whose state is not in %s", host.name,
+                            pid, self.state_dir)
+                _kill(pid)
 
     def _wait_for_sshd(self, host: Host, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
@@ -427,6 +444,22 @@ def _write(path: Path, text: str, mode: int = 0o600) -> None:
         os.chmod(tmp, mode if path.name not in ("hosts", "ssh_config") else 0o644)
 
     write_atomically(path, write)
+
+
+def _exe(pid: int) -> str:
+    """The executable of a process ("" once it is gone or unreadable)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    """The parent of a process (0 once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _kill(pid: int) -> None:

@@ -82,6 +82,26 @@ def committed_rows(ckpts: Path) -> tuple[Path, dict]:
     raise AssertionError(f"could not read a complete checkpoint under {ckpts}")
 
 
+def test_up_over_a_killed_clusters_hosts_replaces_its_sshd(cluster, tmp_path):
+    """A run killed before ``down`` leaves its hosts and their sshd (whose host key lives in
+    that run's state folder). A cluster of the same name with its own state comes up over
+    them: the stale sshd, which would answer with a key this one does not know, is
+    stopped and this cluster's own answers."""
+    killed = LocalCluster(name="gmtest", state_dir=tmp_path / "killed_run")
+    try:
+        stale_host, = killed.up(1)
+        stale_sshd = killed._sshd_pid(stale_host)
+        assert stale_sshd is not None
+        host, = cluster.up(1)  # not killed.down(): its state is another folder's
+        assert host == stale_host and cluster._sshd_pid(host) not in (None, stale_sshd)
+        assert not Path(f"/proc/{stale_sshd}").exists() or \
+            Path(f"/proc/{stale_sshd}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        assert cluster.ssh(host, "echo up").stdout.strip() == "up"
+    finally:
+        cluster.down()
+        killed.down()
+
+
 def test_up_twice_status_rate_and_down_leave_nothing(cluster, tmp_path):
     ssh_dir = Path.home() / ".ssh"
     before = sorted(p.name for p in ssh_dir.iterdir()) if ssh_dir.exists() else None
