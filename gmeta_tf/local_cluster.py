@@ -290,11 +290,7 @@ class LocalCluster:
             pid = int((self._host_dir(host) / "sshd.pid").read_text().strip())
         except (OSError, ValueError):
             return None
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-        except OSError:
-            return None
-        return pid if exe.endswith("sshd") else None
+        return pid if _exe(pid).endswith("sshd") else None
 
     def _start_sshd(self, host: Host) -> None:
         if self._sshd_pid(host) is not None:
@@ -454,12 +450,19 @@ def _exe(pid: int) -> str:
         return ""
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, parent, ...); []
+    once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _parent(pid: int) -> int:
     """The parent of a process (0 once it is gone)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 else 0
 
 
 def _kill(pid: int) -> None:
@@ -468,11 +471,8 @@ def _kill(pid: int) -> None:
     except ProcessLookupError:
         return
     for _ in range(100):  # wait until it is gone (reaped by its parent, or a zombie)
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state == "Z":
+        fields = _stat(pid)
+        if not fields or fields[0] == "Z":
             return
         time.sleep(0.02)
 

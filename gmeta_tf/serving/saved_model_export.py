@@ -163,7 +163,7 @@ def _check_rows(signature: str, inputs: Mapping[str, tf.Tensor]) -> None:
 def _label_range(schema: meta_io.Schema, head) -> tuple[float, float] | None:
     """The range a valid label of the head lies in: the dataset's (its conversion's
     ``label_range``, 0/1 for a thresholded label), else [0, 1] for a binary head."""
-    feature = next((f for f in schema.features if f.name == head.label), None)
+    feature = next((f for f in schema.labels if f.name == head.label), None)
     if feature is not None and feature.value_range is not None:
         return feature.value_range
     return (0.0, 1.0) if head.kind == "binary" else None

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from gmeta_tf import data as meta_io
 from gmeta_tf.data import hashing
-from tests.product.conftest import served, served_and_expected
+from tests.product.conftest import served, served_and_expected, task_rows
 from tests.product.own_data import (config_in, readme_block,
                                     run_readme_commands,
                                     walk_readme_example,
@@ -230,9 +230,11 @@ def test_the_exported_model_serves_in_a_fresh_process_as_trained(ratings_run, tm
     assert export_info["support_label_range"] == [1.0, 5.0]
     loaded = tf.saved_model.load(str(exported))
     features = model.tower.feature_names
-    support = {k: np.asarray(batch["support"][k][0][:3]) for k in (*features, "rating")}
-    query = {k: np.asarray(batch["query"][k][0][:2]) for k in features}
-    support["rating"] = np.array([4.0, 7.0, 3.0], np.float32)
+    support = {k: v for k, v in task_rows(batch, "support", 0).items()
+               if k in (*features, "rating")}
+    query = {k: v for k, v in task_rows(batch, "query", 0).items() if k in features}
+    support["rating"] = support["rating"].astype(np.float32)
+    support["rating"][-1] = 7.0
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"input support_rating holds a label outside \[1, 5\]"):
         loaded.signatures["adapt"](**{f"support_{k}": tf.constant(v)

@@ -228,7 +228,8 @@ def test_a_request_whose_inputs_differ_in_length_is_refused_naming_them(trained)
     """A support label short of the support rows used to be broadcast over them (one label
     for every row) and served without a word; query inputs of two lengths failed naming a
     graph node. Both signatures now refuse such a request naming the inputs, and the adapt
-    signature one whose support labels are NaN or (a binary head's) outside [0, 1]."""
+    signature one whose support labels are NaN or outside the dataset's label range (here
+    [0, 1])."""
     models, manifest = restore_models(trained)
     features = models.model.tower.feature_names
     batch = next(iter(meta_io.read_tasks(trained.data.path, 4, None, None, split="cold")))
