@@ -1,12 +1,17 @@
 """A rank of the sharded-embedding tests: run under horovodrun or as a plain process.
 
-    python -m tests.embedding.sharded_worker train OUT_DIR --optimizer adagrad [--skew]
-    python -m tests.embedding.sharded_worker save OUT_DIR CKPT_ROOT
+    python -m tests.embedding.sharded_worker train OUT_ROOT SCENARIO... [--save CKPT_ROOT]
     python -m tests.embedding.sharded_worker restore OUT_DIR CKPT_ROOT
 
-Every rank draws the same global batches and trains on its contiguous share; it writes
-its shard of the tables, the dense weights and the collective counts to
-OUT_DIR/rank<r>.npz for the test to compare with a single process.
+A scenario is ``sgd`` or ``adagrad`` (the optimizer of the tables and the dense tower) or
+``skew`` (adagrad on ids that rank 0 of 2 owns alone). One launch trains every scenario
+named, each a new model from the same seed with the collective counts reset, so a test
+file starts the ranks once rather than once per case. Every rank draws the same global
+batches and trains on its contiguous share; it writes its shard of the tables, the dense
+weights, the collective counts and its predictions on one batch to
+OUT_ROOT/SCENARIO/rank<r>.npz for the test to compare with a single process. ``--save``
+checkpoints the adagrad scenario's model; ``restore`` reads such a checkpoint into a new
+model (in a new process, on any number of ranks) and writes the same file to OUT_DIR.
 """
 
 import argparse
@@ -122,26 +127,40 @@ def write_result(out_dir: str, model, **extra):
     np.savez(os.path.join(out_dir, f"rank{distributed.rank()}.npz"), **arrays)
 
 
+SCENARIOS = {"sgd": ("sgd", False), "adagrad": ("adagrad", False), "skew": ("adagrad", True)}
+
+
 def main(argv):
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "save", "restore"])
-    parser.add_argument("out_dir")
-    parser.add_argument("ckpt_root", nargs="?")
-    parser.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad"])
-    parser.add_argument("--skew", action="store_true")
+    commands = parser.add_subparsers(dest="mode", required=True)
+    train_args = commands.add_parser("train")
+    train_args.add_argument("out_root")
+    train_args.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    train_args.add_argument("--save", metavar="CKPT_ROOT")
+    restore_args = commands.add_parser("restore")
+    restore_args.add_argument("out_dir")
+    restore_args.add_argument("ckpt_root")
     args = parser.parse_args(argv)
     distributed.init()
-    tf.keras.utils.set_random_seed(0)
-    model, dense_opt = make_model(args.optimizer)
     if args.mode == "restore":
+        tf.keras.utils.set_random_seed(0)
+        model, _ = make_model("adagrad")
         model(eval_batch(), training=False)
         checkpoint.restore(checkpoint.latest(args.ckpt_root), model)
-    else:
-        train(model, dense_opt, seed=1, skew=args.skew)
-    if args.mode == "save":
-        checkpoint.save(args.ckpt_root, model, step=STEPS, optimizer=dense_opt)
-    predictions = model(eval_batch(), training=False).numpy()
-    write_result(args.out_dir, model, predictions=predictions)
+        write_result(args.out_dir, model, predictions=model(eval_batch(), training=False).numpy())
+        return
+    for scenario in args.scenarios:
+        optimizer, skew = SCENARIOS[scenario]
+        distributed.reset_collective_counts()
+        tf.keras.backend.clear_session()  # layer names as a new process gives them
+        tf.keras.utils.set_random_seed(0)
+        model, dense_opt = make_model(optimizer)
+        train(model, dense_opt, seed=1, skew=skew)
+        if args.save and scenario == "adagrad":
+            checkpoint.save(args.save, model, step=STEPS, optimizer=dense_opt)
+        out_dir = os.path.join(args.out_root, scenario)
+        os.makedirs(out_dir, exist_ok=True)
+        write_result(out_dir, model, predictions=model(eval_batch(), training=False).numpy())
 
 
 if __name__ == "__main__":

@@ -29,18 +29,27 @@ def _merged_tables(results):
     return merged
 
 
-def _train(tmp_path, np_, *flags):
-    out = tmp_path / f"np{np_}"
-    out.mkdir()
-    run_ranks(WORKER, "train", str(out), *flags, np_=np_)
-    return load_ranks(out, np_)
+SCENARIOS = ("sgd", "adagrad", "skew")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every scenario trained by one process and by 2 ranks (one launch each); the 2 ranks
+    also checkpoint the adagrad model. Returns {(np_, scenario): ranks' results} and the
+    checkpoint root."""
+    root = tmp_path_factory.mktemp("sharded")
+    ckpt = root / "ckpt"
+    run_ranks(WORKER, "train", str(root / "np1"), *SCENARIOS, np_=1)
+    run_ranks(WORKER, "train", str(root / "np2"), *SCENARIOS, "--save", str(ckpt), np_=2)
+    results = {(np_, s): load_ranks(root / f"np{np_}" / s, np_)
+               for np_ in (1, 2) for s in SCENARIOS}
+    return results, ckpt
 
 
 @pytest.mark.horovod
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
-def test_two_ranks_on_half_batches_equal_one_rank_on_the_whole(tmp_path, optimizer):
-    one = _train(tmp_path, 1, "--optimizer", optimizer)
-    two = _train(tmp_path, 2, "--optimizer", optimizer)
+def test_two_ranks_on_half_batches_equal_one_rank_on_the_whole(runs, optimizer):
+    one, two = runs[0][(1, optimizer)], runs[0][(2, optimizer)]
     tables_one, tables_two = _merged_tables(one), _merged_tables(two)
     assert tables_one.keys() == tables_two.keys()
     for key in tables_one:
@@ -49,6 +58,9 @@ def test_two_ranks_on_half_batches_equal_one_rank_on_the_whole(tmp_path, optimiz
     for key in (k for k in one[0] if k.startswith("dense/")):
         for rank in two:
             np.testing.assert_allclose(rank[key], one[0][key], rtol=1e-5, atol=1e-5, err_msg=key)
+    for rank in two:  # and both ranks predict as the one process
+        np.testing.assert_allclose(rank["predictions"], one[0]["predictions"], rtol=1e-5,
+                                   atol=1e-5)
     # Both ranks hold rows (the tables really are sharded) and share no id.
     ids = [set(r["table/a/ids"].tolist()) for r in two]
     assert ids[0] and ids[1] and not ids[0] & ids[1]
@@ -62,9 +74,8 @@ def test_two_ranks_on_half_batches_equal_one_rank_on_the_whole(tmp_path, optimiz
 
 
 @pytest.mark.horovod
-def test_a_rank_that_receives_no_ids_still_works(tmp_path):
-    one = _train(tmp_path, 1, "--skew")
-    two = _train(tmp_path, 2, "--skew")
+def test_a_rank_that_receives_no_ids_still_works(runs):
+    one, two = runs[0][(1, "skew")], runs[0][(2, "skew")]
     assert two[1]["table/a/ids"].size == 0 and two[1]["table/b/ids"].size == 0
     tables_one, tables_two = _merged_tables(one), _merged_tables(two)
     for key in tables_one:
@@ -72,24 +83,20 @@ def test_a_rank_that_receives_no_ids_still_works(tmp_path):
 
 
 @pytest.mark.horovod
-def test_checkpoint_saved_by_two_ranks_restores_onto_one_and_two(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    saved_dir = tmp_path / "saved"
-    saved_dir.mkdir()
-    run_ranks(WORKER, "save", str(saved_dir), str(ckpt), np_=2)
-    saved = load_ranks(saved_dir, 2)
-    for np_ in (1, 2):
-        out = tmp_path / f"restored{np_}"
-        out.mkdir()
-        run_ranks(WORKER, "restore", str(out), str(ckpt), np_=np_)
-        restored = load_ranks(out, np_)
-        for rank in restored:
-            np.testing.assert_allclose(rank["predictions"], saved[0]["predictions"],
-                                       rtol=1e-6, atol=1e-7)
-        # Restored shards hold exactly the saved rows, each id on its new owner.
-        before, after = _merged_tables(saved), _merged_tables(restored)
-        for key in before:
-            np.testing.assert_array_equal(after[key], before[key])
+@pytest.mark.parametrize("np_", [1, 2])
+def test_checkpoint_saved_by_two_ranks_restores_onto_one_and_two(runs, tmp_path, np_):
+    """In a new process, on one rank and on two."""
+    results, ckpt = runs
+    saved = results[(2, "adagrad")]
+    run_ranks(WORKER, "restore", str(tmp_path), str(ckpt), np_=np_)
+    restored = load_ranks(tmp_path, np_)
+    for rank in restored:
+        np.testing.assert_allclose(rank["predictions"], saved[0]["predictions"],
+                                   rtol=1e-6, atol=1e-7)
+    # Restored shards hold exactly the saved rows, each id on its new owner.
+    before, after = _merged_tables(saved), _merged_tables(restored)
+    for key in before:
+        np.testing.assert_array_equal(after[key], before[key])
 
 
 def test_single_process_matches_hash_embedding():
