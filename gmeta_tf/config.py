@@ -420,6 +420,12 @@ class PipelineConfig:
     def tensorboard_dir(self) -> str:
         return os.path.join(self.run_dir, "tensorboard")
 
+    @property
+    def eval_dir(self) -> str:
+        """Where ``gmeta eval`` writes its results (``<split or file>.json``) and the eval
+        files' converted datasets (``data/``)."""
+        return os.path.join(self.run_dir, "eval")
+
     def to_dict(self) -> dict:
         """Plain dict (tuples as lists), what ``dump_config`` writes and ``from_dict``
         reads back to an equal config."""

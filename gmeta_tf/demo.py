@@ -98,13 +98,13 @@ def _serve_check(config: PipelineConfig, export_dir: Path) -> tuple[float, dict]
 def summary_table(config: PipelineConfig, np_: int, seconds: dict[str, float],
                   served: dict) -> str:
     """The demo's closing summary: one line per stage, then the cold-start comparison."""
-    from gmeta_tf.training.cold_start import EVAL_DIR, TABLE_COLUMNS
+    from gmeta_tf.training.cold_start import TABLE_COLUMNS
     from gmeta_tf.training.evaluation import format_table
     from gmeta_tf.training.trainer import SUMMARY_FILE
 
     run = Path(config.run_dir)
     train = json.loads((run / SUMMARY_FILE).read_text())
-    evaluation = json.loads((run / EVAL_DIR / f"{config.eval.split}.json").read_text())
+    evaluation = json.loads((Path(config.eval_dir) / f"{config.eval.split}.json").read_text())
     data = json.loads((run / "data_summary.json").read_text())
     export = json.loads((run / "export_info.json").read_text())
     splits = data["splits"]

@@ -34,7 +34,6 @@ from gmeta_tf.training.model_builder import Models, build_models, set_configured
 from gmeta_tf.training.selection import BEST_FILE, best_checkpoints
 
 log = logging.getLogger(__name__)
-EVAL_DIR = "eval"
 TABLE_COLUMNS = ["name", "auc", "task_auc", "ndcg@3", "logloss", "mae", "tasks", "rows"]
 
 
@@ -217,7 +216,7 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         raise ConfigError(f"--data {data} is not allowed with --validation-only: expected "
                           f"the validation split alone to be scored")
     validation = validation or validation_only
-    out_dir = writable_dir(Path(config.run_dir, EVAL_DIR), "config key 'run_dir'",
+    out_dir = writable_dir(config.eval_dir, "config key 'run_dir'",
                            "gmeta eval writes its results there", "--set run_dir=...")
     # Every key naming a split or a label is checked against every set to score before
     # the models are restored and anything is scored.

@@ -274,7 +274,7 @@ def eval_dataset(config: PipelineConfig, item: str) -> tuple[str, str]:
         raise ConfigError(f"eval data {item!r} is neither a dataset directory (with "
                           f"{MANIFEST_NAME}) nor a file")
     stem = eval_name(item)
-    out = os.path.join(config.run_dir, "eval", "data", stem)
+    out = os.path.join(config.eval_dir, "data", stem)
     protocol = _split(config)
     if config.meta.enabled:
         # every task scored, so bounded by max_rows as the protocol's scored tasks are

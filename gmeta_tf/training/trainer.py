@@ -252,11 +252,26 @@ class Trainer:
         distributed.barrier()
 
     def _drop_aside(self) -> None:
-        """After the first checkpoint of a fresh run: the set-aside one goes."""
+        """After the first checkpoint of a fresh run: the set-aside one goes, and the
+        results ``gmeta eval`` wrote of it (``<run_dir>/eval/*.json``, which name its steps
+        and paths, the same as this run's may be) move to ``eval/replaced-<time>/``, kept,
+        so a result in ``eval/`` is always one of the checkpoints there."""
         if self.rank == 0 and self._aside is not None:
             shutil.rmtree(self._aside, ignore_errors=True)
             log.info("--fresh: deleted the earlier checkpoints %s", self._aside)
+            self._set_results_aside(self._aside.name.rsplit(".replaced-", 1)[-1])
         self._aside = None
+
+    def _set_results_aside(self, stamp: str) -> None:
+        results = Path(self.config.eval_dir)
+        old = sorted(results.glob("*.json")) if results.is_dir() else []
+        if old:
+            kept = results / f"replaced-{stamp}"
+            kept.mkdir(exist_ok=True)
+            for file in old:
+                os.replace(file, kept / file.name)
+            log.info("--fresh: the earlier run's evaluation results (%s) are kept at %s",
+                     ", ".join(f.name for f in old), kept)
 
     def _restore_aside(self) -> None:
         """A fresh run that failed before its first checkpoint: the old one comes back."""
