@@ -663,3 +663,54 @@ def test_a_mapped_column_empty_in_every_row_is_warned_of(tmp_path, caplog):
         data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=SPLIT)
     assert f"{src}: columns site, tags, price empty in every row read" in caplog.text
     assert "item_id" not in caplog.text.split("empty in every row")[0].split(": columns")[-1]
+
+
+def test_rows_held_twice_are_kept_and_counted_and_copied_answers_warned_of(tmp_path, caplog):
+    """A row written twice (every column the same, its time too) counts as repeated; one
+    differing in a multi-hot cell only does not. A query row of a scored split whose item
+    and label a support row of its task repeats (another time) is counted per split."""
+    rows = [f"{u},{i},{(u + i) % 2},a|b,{100 * u + i}" for u in range(1, 9) for i in range(12)]
+    rows += [rows[0], rows[0], rows[13]]  # three copies, whole
+    rows += [rows[1].replace("a|b", "b|a")]  # the same but for the tags' order: not a copy
+    # each user's item 0 again, later, with its label: a copy but for the time
+    rows += [f"{u},0,{u % 2},a|b,{100 * u + 50}" for u in range(1, 9)]
+    src = tmp_path / "in.csv"
+    src.write_text("user_id,item_id,label,tags,time\n" + "\n".join(rows) + "\n")
+    mapping = {**MAPPING, "multi_hot": {"tags": 2}, "order_by": "time"}
+    split = data.SplitConfig(query_size=6, min_rows=7, warm_fraction=0.5, valid_fraction=0.0)
+    with caplog.at_level("WARNING"):
+        data.convert_csv(str(src), str(tmp_path / "out"), mapping, split=split)
+    manifest = data.Manifest.load(str(tmp_path / "out"))
+    counts = manifest.split
+    assert counts["rows_in"] == len(rows)  # every row kept
+    assert counts["repeated_rows"] == 3
+    assert "3 rows repeat another row of their task in every stored column" in caplog.text
+    # the cold split's copies, counted here from the rows written
+    cold = pa.concat_tables([pq.read_table(os.path.join(str(tmp_path / "out"), f.path))
+                             for f in manifest.files if f.split == "cold"]).to_pylist()
+    def columns(row):  # every stored column (the task's among them) but is_query
+        return tuple(v for k, v in sorted(row.items()) if k != "is_query")
+
+    shown = {columns(r) for r in cold if not r["is_query"]}
+    expected = sum(columns(r) in shown for r in cold if r["is_query"])
+    assert expected > 0, "the split put no copy of a support row among the query rows"
+    assert counts["cold_query_rows_in_support"] == expected
+    assert f"{expected} query rows of the cold split are copies of a support row" \
+        in caplog.text
+    assert counts.get("valid_query_rows_in_support", 0) == 0
+
+
+def test_repeated_rows_compare_list_cells_by_their_values_in_order():
+    """A list column (a converter's variable-length ids) as the conversion counts it: equal
+    lists are the same, the same ids in another order or another length are not, also
+    in a slice of a table (offsets not starting at 0)."""
+    from gmeta_tf.data.converters.pipeline import RepeatedRows
+
+    table = pa.table({"task_id": pa.array([7, 7, 7, 7, 7, 7, 7], pa.int64()),
+                      "ids": pa.array([[9], [1, 2], [2, 1], [], [1, 2], [], [1, 2, 0]],
+                                      pa.list_(pa.int64())),
+                      "label": pa.array([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])})
+    for part, repeated in ((table, 2), (table.slice(1), 2), (table.slice(2), 1)):
+        counter = RepeatedRows()
+        counter.count(part)
+        assert counter.counts["repeated_rows"] == repeated

@@ -22,7 +22,7 @@ import pyarrow as pa
 from gmeta_tf.data.errors import DataError
 from gmeta_tf.data.manifest import Manifest
 from gmeta_tf.data.partition import TaskPartitioner
-from gmeta_tf.data.schema import LABEL_COLUMN, TASK_COLUMN, Schema
+from gmeta_tf.data.schema import LABEL_COLUMN, QUERY_COLUMN, TASK_COLUMN, Schema
 from gmeta_tf.data.split import SPLITS, SplitConfig, split_record, split_tasks
 from gmeta_tf.data.writer import DatasetWriter
 
@@ -239,13 +239,19 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
             counts.update(input_counts() if input_counts else {})
             _refuse_empty(counts, source, out_dir)
             writer.rows_per_block = output.block_rows(part.rows, split)
+            repeats = RepeatedRows()
             for table in part.buckets():
+                repeats.count(table)
                 tables, bucket_counts = split_tasks(table, split)
                 for name, rows in tables.items():
+                    if name != "warm":
+                        repeats.count_copied_answers(name, rows)
                     writer.write(name, rows)
                 counts.update(bucket_counts)
+            counts.update(repeats.counts)
         shutil.rmtree(spill, ignore_errors=True)
         _log_skips(counts, split)
+        repeats.log()
         if not sum(counts[f"{name}_tasks"] for name in SPLITS):
             rows_are_tasks = source.get("mapping", {"task": ""}).get("task") is None
             hint = ("; the mapping has no 'task', so every row is its own task of one row: "
@@ -262,6 +268,135 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
                              "rows_per_file": output.rows_per_file,
                              "rows_per_block_option": output.rows_per_block}}
         return writer.commit(record)
+
+
+class RepeatedRows:
+    """Rows the log holds twice, counted as the conversion writes them (they are kept).
+
+    ``repeated_rows``: rows equal in every stored column (the task, every feature, the
+    labels, the time where one orders the rows) to another row of the log, beyond the
+    first of each such set: a log that wrote an impression twice, say. ``<split>
+    _query_rows_in_support``: query rows of a scored split (valid, cold) equal in every
+    stored column to a support row of their task, whose answer an adapted model (and item
+    mean + offset) is given before it is scored on them."""
+
+    EXAMPLES = 3
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
+        self.examples: dict[str, list] = collections.defaultdict(list)
+
+    def count(self, table: pa.Table) -> None:
+        """Counts the repeated rows of ``table`` (whole tasks: a row can only repeat a row of
+        its own task)."""
+        if table.num_rows < 2:
+            return
+        repeated = _repeats_earlier_row(_RowKeys(table))
+        self.counts["repeated_rows"] += int(repeated.sum())
+        self._remember("repeated_rows", table, repeated)
+
+    def count_copied_answers(self, split: str, table: pa.Table) -> None:
+        """Counts the query rows of ``table`` (one split, with ``is_query``) that are copies
+        of a support row of their task."""
+        is_query = table.column(QUERY_COLUMN).to_numpy().astype(bool)
+        if not is_query.any() or is_query.all():
+            return
+        keys = _RowKeys(table.drop_columns([QUERY_COLUMN]))
+        copied = np.zeros(len(is_query), bool)
+        # rows whose hash a support row's matches, then their columns compared
+        maybe = np.flatnonzero(is_query & np.isin(keys.hashes, keys.hashes[~is_query]))
+        if maybe.size:
+            copied[maybe] = np.isin(keys.exact(maybe), keys.exact(np.flatnonzero(~is_query)))
+        key = f"{split}_query_rows_in_support"
+        self.counts[key] += int(copied.sum())
+        self._remember(key, table, copied)
+
+    def _remember(self, key: str, table: pa.Table, rows: np.ndarray) -> None:
+        room = self.EXAMPLES - len(self.examples[key])
+        if room > 0 and rows.any():
+            tasks = table.column(TASK_COLUMN).to_numpy()[np.flatnonzero(rows)]
+            self.examples[key].extend(int(t) for t in dict.fromkeys(tasks.tolist()))
+            del self.examples[key][self.EXAMPLES:]
+
+    def log(self) -> None:
+        if self.counts["repeated_rows"]:
+            log.warning("%d rows repeat another row of their task in every stored column "
+                        "(tasks %s...: a log that wrote a row twice?); they are kept, as "
+                        "written: remove the copies from the input if they are not events "
+                        "of their own", self.counts["repeated_rows"],
+                        ", ".join(map(str, self.examples["repeated_rows"])))
+        for split in SPLITS:
+            copied = self.counts[f"{split}_query_rows_in_support"]
+            if copied:
+                log.warning("%d query rows of the %s split are copies of a support row of "
+                            "their task (tasks %s...): a model adapted on the support rows "
+                            "is scored on rows it was shown with their labels", copied,
+                            split, ", ".join(map(str, self.examples[
+                                f"{split}_query_rows_in_support"])))
+
+
+class _RowKeys:
+    """Every row of a table as numbers that two rows share if and only if they are equal
+    in every column: ``columns`` (rows x parts, uint64: a number by its bits, a list by its
+    length and a 64-bit hash of its values in order), ``hashes`` (one uint64 a row mixing
+    them, for a fast first pass) and ``exact(rows)`` (each row's parts as one value that
+    ``np.unique`` and ``np.isin`` compare, to confirm what the hashes found)."""
+
+    def __init__(self, table: pa.Table):
+        parts = []
+        for column in table.columns:
+            column = column.combine_chunks()
+            if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                offsets = column.offsets.to_numpy()
+                lengths = np.diff(offsets)
+                position = (np.arange(offsets[-1] - offsets[0], dtype=np.uint64)
+                            - (offsets[:-1] - offsets[0]).astype(np.uint64).repeat(lengths))
+                values = _bits(column.flatten().to_numpy(zero_copy_only=False))
+                total = np.concatenate([[np.uint64(0)], np.cumsum(
+                    _mix(values ^ _mix(position)), dtype=np.uint64)])
+                starts = offsets[:-1] - offsets[0]
+                parts += [lengths.astype(np.uint64), total[starts + lengths] - total[starts]]
+            else:
+                parts.append(_bits(column.to_numpy(zero_copy_only=False)))
+        self.columns = np.ascontiguousarray(np.stack(parts, axis=1))
+        hashes = np.zeros(len(self.columns), np.uint64)
+        for j in range(self.columns.shape[1]):
+            hashes = _mix(hashes ^ _mix(self.columns[:, j] + np.uint64(j)))
+        self.hashes = hashes
+
+    def exact(self, rows: np.ndarray) -> np.ndarray:
+        picked = np.ascontiguousarray(self.columns[rows])
+        return picked.view(np.dtype((np.void, picked.dtype.itemsize * picked.shape[1]))).ravel()
+
+
+def _repeats_earlier_row(keys: _RowKeys) -> np.ndarray:
+    """Which rows equal an earlier row in every column."""
+    repeated = np.zeros(len(keys.hashes), bool)
+    unique, counts = np.unique(keys.hashes, return_counts=True)
+    maybe = np.flatnonzero(np.isin(keys.hashes, unique[counts > 1]))
+    if maybe.size:
+        first = np.unique(keys.exact(maybe), return_index=True)[1]
+        repeated[maybe] = True
+        repeated[maybe[first]] = False
+    return repeated
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    """Numbers as uint64 bit patterns (a float as its float64 bits, so -0.0 and 0.0
+    differ as they are stored)."""
+    if values.dtype.kind == "f":
+        return values.astype(np.float64).view(np.uint64)
+    if values.dtype.kind in "iub":
+        return values.astype(np.int64).view(np.uint64)
+    return np.array([hash(v) for v in values.tolist()], np.int64).view(np.uint64)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: spreads every input bit over the output."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
 
 
 def _inputs(source: dict) -> str:
