@@ -31,7 +31,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import tensorflow as tf
 
@@ -160,13 +160,21 @@ def _check_rows(signature: str, inputs: Mapping[str, tf.Tensor]) -> None:
                     f"{first} (every row needs a value of each input)")
 
 
-def _label_range(schema: meta_io.Schema, head) -> tuple[float, float] | None:
-    """The range a valid label of the head lies in: the dataset's (its conversion's
-    ``label_range``, 0/1 for a thresholded label), else [0, 1] for a binary head."""
+def _label_range(schema: meta_io.Schema, head, labels_seen: Mapping[str, Sequence[float]]
+                 ) -> tuple[tuple[float, float], str] | tuple[None, None]:
+    """The range a valid label of the head lies in, and what set it: the dataset's
+    declared range (its conversion's ``label_range``, 0/1 for a thresholded label), else
+    [0, 1] for a binary head, else the smallest and largest label the dataset holds (its
+    manifest's ``labels_seen``; a dataset converted before it was recorded has none)."""
     feature = next((f for f in schema.labels if f.name == head.label), None)
     if feature is not None and feature.value_range is not None:
-        return feature.value_range
-    return (0.0, 1.0) if head.kind == "binary" else None
+        return feature.value_range, "the dataset's label_range"
+    if head.kind == "binary":
+        return (0.0, 1.0), "the binary head"
+    if head.label in labels_seen:
+        low, high = labels_seen[head.label]
+        return (float(low), float(high)), "the smallest and largest label of the dataset"
+    return None, None
 
 
 def _check_support_labels(labels: tf.Tensor, name: str,
@@ -198,7 +206,8 @@ def _describe(input_signature) -> dict:
 
 def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str | os.PathLike,
                        adaptation: bool = True, adapt_steps: int | None = None,
-                       made_from: dict | None = None) -> dict:
+                       made_from: dict | None = None,
+                       labels_seen: Mapping[str, Sequence[float]] | None = None) -> dict:
     """Writes the SavedModel of a trained model (restored in this one process).
 
     Args:
@@ -208,6 +217,8 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
         adaptation: Add the ``adapt`` signature (meta models).
         adapt_steps: The steps ``adapt`` takes (None: the model's k; ``eval.adapt_steps``).
         made_from: The checkpoint exported (its step and digest), recorded when given.
+        labels_seen: Each label's smallest and largest value in the dataset (its
+            manifest's), the adapt signature's valid range where the schema declares none.
 
     Returns:
         What ``assets.extra/gmeta_export.json`` records: signatures, inputs, table sizes,
@@ -218,7 +229,7 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     tidy_staging(path, "an export")  # what a killed export left, its set-aside put back
     if os.path.lexists(path):  # a dangling link too: refused before the work
         _check_replaceable(path)  # before the work, and again before the swap
-    label_range = _label_range(schema, model.head)
+    label_range, range_from = _label_range(schema, model.head, labels_seen or {})
     module = ServingModule(model, specs, adaptation, adapt_steps, label_range)
     signatures = module.signatures()
     # TF Serving loads any numeric directory it finds: the model is written under a hidden
@@ -227,7 +238,8 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
     staging = Path(staging_dir(path))
     try:
         tf.saved_model.save(module, str(staging), signatures=signatures)
-        info = _write_info(model, module, signatures, staging, path, made_from, label_range)
+        info = _write_info(model, module, signatures, staging, path, made_from,
+                           label_range, range_from)
         fsync_tree(staging)  # durable before an export it replaces is let go
         replace_dir(staging, path, lambda old: _check_replaceable(Path(old)))
     finally:
@@ -237,7 +249,8 @@ def export_saved_model(model: tf.keras.Model, schema: meta_io.Schema, path: str 
 
 
 def _write_info(model, module, signatures, staging: Path, path: Path,
-                made_from: dict | None, label_range: tuple[float, float] | None) -> dict:
+                made_from: dict | None, label_range: tuple[float, float] | None,
+                range_from: str | None) -> dict:
     info = {
         "path": str(path),
         **({} if made_from is None else {"made_from": made_from}),
@@ -247,7 +260,8 @@ def _write_info(model, module, signatures, staging: Path, path: Path,
         "table_rows": {t: int(v.shape[0]) for t, v in module.embedding.ids.items()},
         "label": model.head.label,
         **({} if label_range is None or ADAPT_SIGNATURE not in signatures
-           else {"support_label_range": list(label_range)}),
+           else {"support_label_range": list(label_range),
+                 "support_label_range_from": range_from}),
     }
     extra = staging / "assets.extra"
     extra.mkdir(parents=True, exist_ok=True)
@@ -291,10 +305,11 @@ def export_pipeline(config: PipelineConfig, checkpoint_path: str | None = None,
     made_from = {"step": int(manifest["step"]), "checkpoint": _checkpoint_digest(manifest)}
     path = Path(out) if out else Path(config.export.dir, str(export_version(
         Path(config.export.dir), made_from)))
-    schema = meta_io.Manifest.load(config.data.path).schema
-    return export_saved_model(models.model, schema, path, config.export.adaptation,
+    dataset = meta_io.Manifest.load(config.data.path)
+    return export_saved_model(models.model, dataset.schema, path, config.export.adaptation,
                               config.eval.adapt_steps,  # adapts as gmeta eval scored it
-                              made_from=made_from)
+                              made_from=made_from,
+                              labels_seen=dataset.split.get("labels_seen", {}))
 
 
 def _checkpoint_digest(manifest: dict) -> str:

@@ -164,3 +164,51 @@ def test_the_export_serves_the_capped_factors_as_the_trained_model(ratings_run, 
     out, expected, expected_adapted = served_and_expected(model, batch, exported, tmp_path)
     np.testing.assert_allclose(out["serve"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["adapt"], expected_adapted, rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_declared_range_the_dataset_s_own_ratings_bound_a_served_support_label(
+        ratings_run, tmp_path):
+    """A log converted without ``label_range`` (``gmeta data csv`` without
+    ``--label-range``): the served model refuses a support rating outside the smallest and
+    largest rating of its dataset, as the manifest records them, and says so in
+    ``gmeta_export.json``."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from gmeta_tf import data as meta_io
+    from gmeta_tf.serving import export_saved_model
+    from gmeta_tf.training.cold_start import restore_models
+    from tests.product.conftest import task_rows
+
+    work, _, _ = ratings_run
+    run = work / "run"
+    manifest = meta_io.Manifest.load(str(run / "data"))
+    assert manifest.split["labels_seen"]["rating"] == [0.5, 5.0]  # the half-star log's
+    undeclared = meta_io.Schema([dataclasses.replace(f, value_range=None)
+                                 for f in manifest.schema.features])
+    sets = [f"data.raw={work / 'my_ratings.csv'}", f"run_dir={run}", f"data.path={run}/data",
+            f"export.dir={run}/export"]
+    cwd = Path.cwd()
+    os.chdir(PROJECT_ROOT)
+    try:
+        config = load_config("ratings", sets + [s for s in SHORT if s != "--set"])
+    finally:
+        os.chdir(cwd)
+    model = restore_models(config)[0].model
+    info = export_saved_model(model, undeclared, tmp_path / "1",
+                              labels_seen=manifest.split["labels_seen"])
+    assert info["support_label_range"] == [0.5, 5.0]
+    assert info["support_label_range_from"] == "the smallest and largest label of the dataset"
+    batch = next(iter(meta_io.read_tasks(config.data.path, 2, None, None, split="cold")))
+    support, query = task_rows(batch, "support", 0), task_rows(batch, "query", 0)
+    features = model.tower.feature_names
+    request = {**{f"support_{k}": tf.constant(support[k]) for k in features},
+               **{f"query_{k}": tf.constant(query[k]) for k in features}}
+    adapt = tf.saved_model.load(str(tmp_path / "1")).signatures["adapt"]
+    ratings = np.array(support["rating"], np.float32)
+    adapt(**request, support_rating=tf.constant(ratings))  # ratings of the log: served
+    ratings[0] = 10.0  # a ten-point scale's
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input support_rating holds a label outside \[0.5, 5\]"):
+        adapt(**request, support_rating=tf.constant(ratings))

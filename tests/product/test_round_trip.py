@@ -395,3 +395,19 @@ def test_a_new_export_is_the_version_served_above_an_earlier_runs(trained, tmp_p
     assert again["path"] == info["path"] and again["made_from"] == info["made_from"]
     assert sorted(int(p.name) for p in (tmp_path / "serving").iterdir()) == [
         step, step + 100, step + 101]
+
+
+def test_the_served_label_range_is_the_declared_one_then_the_binary_head_s_then_the_data_s():
+    from types import SimpleNamespace
+
+    from gmeta_tf.serving.saved_model_export import _label_range
+
+    declared = meta_io.Schema([meta_io.Feature("rating", "label", value_range=(1, 5))])
+    bare = meta_io.Schema([meta_io.Feature("rating", "label")])
+    rating, binary = (SimpleNamespace(label="rating", kind=k) for k in ("rating", "binary"))
+    seen = {"rating": [0.5, 4.5]}
+    assert _label_range(declared, rating, seen) == ((1.0, 5.0), "the dataset's label_range")
+    assert _label_range(bare, binary, seen) == ((0.0, 1.0), "the binary head")
+    assert _label_range(bare, rating, seen) == \
+        ((0.5, 4.5), "the smallest and largest label of the dataset")
+    assert _label_range(bare, rating, {}) == (None, None)  # converted before it was recorded

@@ -239,13 +239,14 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
             counts.update(input_counts() if input_counts else {})
             _refuse_empty(counts, source, out_dir)
             writer.rows_per_block = output.block_rows(part.rows, split)
-            repeats = RepeatedRows()
+            repeats, seen = RepeatedRows(), LabelsSeen(schema)
             for table in part.buckets():
                 repeats.count(table)
                 tables, bucket_counts = split_tasks(table, split)
                 for name, rows in tables.items():
                     if name != "warm":
                         repeats.count_copied_answers(name, rows)
+                    seen.add(rows)
                     writer.write(name, rows)
                 counts.update(bucket_counts)
             counts.update(repeats.counts)
@@ -263,11 +264,34 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
                             f"fewer than min_rows={split.min_rows} rows and "
                             f"{counts['dropped_long']} more than max_rows={split.max_rows}"
                             f"{hint}", file=_inputs(source))
-        record = {**split_record(split, dict(counts)), "source": source,
+        record = {**split_record(split, dict(counts)), "labels_seen": seen.ranges(),
+                  "source": source,
                   "output": {"rows_per_block": writer.rows_per_block,
                              "rows_per_file": output.rows_per_file,
                              "rows_per_block_option": output.rows_per_block}}
         return writer.commit(record)
+
+
+class LabelsSeen:
+    """The smallest and largest value of every label over the rows written, recorded in
+    the manifest (``labels_seen``): the range a served model checks the support labels of a
+    request against where the conversion was given no ``label_range``."""
+
+    def __init__(self, schema: Schema):
+        self.names = [f.name for f in schema.labels]
+        self.low = dict.fromkeys(self.names, np.inf)
+        self.high = dict.fromkeys(self.names, -np.inf)
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        for name in self.names:
+            values = table.column(name).to_numpy().astype(np.float64)
+            self.low[name] = min(self.low[name], float(np.nanmin(values)))
+            self.high[name] = max(self.high[name], float(np.nanmax(values)))
+
+    def ranges(self) -> dict[str, list[float]]:
+        return {n: [self.low[n], self.high[n]] for n in self.names if self.low[n] <= self.high[n]}
 
 
 class RepeatedRows:
