@@ -23,6 +23,7 @@ from gmeta_tf import checkpoint, distributed
 from gmeta_tf import data as meta_io
 from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig
+from gmeta_tf.data.split import SPLITS
 from gmeta_tf.machine import machine
 from gmeta_tf.run_dir_lock import writable_dir
 from gmeta_tf.training.config_check import check_against_dataset, check_data_files
@@ -35,6 +36,24 @@ from gmeta_tf.training.selection import BEST_FILE, best_checkpoints
 
 log = logging.getLogger(__name__)
 TABLE_COLUMNS = ["name", "auc", "task_auc", "ndcg@3", "logloss", "mae", "tasks", "rows"]
+
+
+def _query_rows_in_support(dataset: str, split: str | None, name: str) -> int | None:
+    """How many query rows of the scored set repeat a support row of their task in every
+    stored column, as the conversion counted them (warned of: the adapted models and item
+    mean + offset are given those answers); None for a dataset converted before it was
+    counted."""
+    record = meta_io.Manifest.load(dataset).split
+    keys = [f"{s}_query_rows_in_support" for s in ([split] if split else SPLITS)]
+    if not any(k in record for k in keys):
+        return None
+    copied = sum(int(record.get(k, 0)) for k in keys)
+    if copied:
+        log.warning("%s: %d query rows repeat a support row of their task in every column "
+                    "(the same item and label): the adapted models and item mean + offset "
+                    "are scored on answers they were shown (the manifest of %s counts them)",
+                    name, copied, dataset)
+    return copied
 
 
 def _restore(config: PipelineConfig, directory: Path) -> tuple[Models, dict]:
@@ -263,11 +282,13 @@ def evaluate_pipeline(config: PipelineConfig, path: str | None = None,
         k_column = f"ndcg@{k}"
         columns = [c if c != "ndcg@3" else k_column for c in TABLE_COLUMNS]
         columns = [c for c in columns if any(r.get(c) is not None for r in rows)]
+        copied = _query_rows_in_support(dataset or config.data.path, split, name)
         result = {"name": name, "role": role, "step": info["step"],
                   "checkpoint": info["directory"], "chosen": info.get("chosen"),
                   "split": split, "data": dataset, "source": sources[name], "rows": rows,
                   "references": references.chosen, "paired": paired,
-                  "by_support_size": bands, "machine": host}
+                  "by_support_size": bands, "query_rows_in_support": copied,
+                  "machine": host}
         file = out_dir / f"{name}.json"
         _warn_if_replacing_another(file, sources[name])
         write_text_atomically(file, json.dumps(result, indent=1))

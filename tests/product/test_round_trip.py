@@ -47,6 +47,9 @@ def test_eval_compares_meta_model_with_baseline(trained):
     unadapted rows equal the AUC recomputed here from each model's own predictions, and
     adapting (the meta model's inner loop) changes the figures."""
     result = json.loads(Path(trained.run_dir, "eval", f"{trained.eval.split}.json").read_text())
+    # the scored split's query rows that repeat a support row, as the conversion counted
+    assert result["query_rows_in_support"] == meta_io.Manifest.load(trained.data.path).split[
+        f"{trained.eval.split}_query_rows_in_support"]
     rows = {r["name"]: r for r in result["rows"]}
     adapted = next(r for n, r in rows.items() if n.startswith("meta (maml, adapted"))
     meta_plain, base_plain = rows["meta, no adaptation"], rows["baseline, no fine-tuning"]

@@ -244,8 +244,7 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
                 repeats.count(table)
                 tables, bucket_counts = split_tasks(table, split)
                 for name, rows in tables.items():
-                    if name != "warm":
-                        repeats.count_copied_answers(name, rows)
+                    repeats.count_copied_answers(name, rows)
                     seen.add(rows)
                     writer.write(name, rows)
                 counts.update(bucket_counts)
@@ -300,9 +299,10 @@ class RepeatedRows:
     ``repeated_rows``: rows equal in every stored column (the task, every feature, the
     labels, the time where one orders the rows) to another row of the log, beyond the
     first of each such set: a log that wrote an impression twice, say. ``<split>
-    _query_rows_in_support``: query rows of a scored split (valid, cold) equal in every
-    stored column to a support row of their task, whose answer an adapted model (and item
-    mean + offset) is given before it is scored on them."""
+    _query_rows_in_support``: query rows of a split equal in every stored column to a
+    support row of their task, whose answer an adapted model (and item mean + offset) is
+    given before it is scored on them (``gmeta eval`` repeats the count of the split it
+    scores; an eval file's rows are its warm split)."""
 
     EXAMPLES = 3
 
@@ -354,7 +354,8 @@ class RepeatedRows:
             if copied:
                 log.warning("%d query rows of the %s split are copies of a support row of "
                             "their task (tasks %s...): a model adapted on the support rows "
-                            "is scored on rows it was shown with their labels", copied,
+                            "is given their labels before it is scored or trained on them",
+                            copied,
                             split, ", ".join(map(str, self.examples[
                                 f"{split}_query_rows_in_support"])))
 
