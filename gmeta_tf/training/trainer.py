@@ -157,6 +157,9 @@ class Trainer:
         self._validator: Validator | None = None
         self._selection: Selection | None = None  # the run's, from _run on
         self._aside: Path | None = None  # --fresh: the earlier checkpoints, until replaced
+        # A run from step 0: the files an earlier run left in eval/ and tensorboard/, set
+        # aside at its first checkpoint (``_set_earlier_results_aside``)
+        self._earlier: list[Path] = []
         # Every model's weights before training (two models validated): what one that
         # diverges before its first validation is put back to, so the other trains on.
         self._initial_root = self.ckpt_dir.with_name(f"{self.ckpt_dir.name}.initial")
@@ -191,10 +194,10 @@ class Trainer:
 
     def _start_step(self, models: Models) -> int:
         self._recover_aside()
-        if self.fresh:
-            self._set_aside()
-            return 0
-        if checkpoint.latest(self.ckpt_dir) is None:
+        if self.fresh or checkpoint.latest(self.ckpt_dir) is None:
+            if self.fresh:
+                self._set_aside()
+            self._earlier = self._earlier_results() if self.rank == 0 else []
             return 0
         require_resume_or_fresh(self.config, self.resume, self.fresh)
         # The newest checkpoint may be damaged (a crash, a bad disk): walk back to the
@@ -252,26 +255,45 @@ class Trainer:
         distributed.barrier()
 
     def _drop_aside(self) -> None:
-        """After the first checkpoint of a fresh run: the set-aside one goes, and the
-        results ``gmeta eval`` wrote of it (``<run_dir>/eval/*.json``, which name its steps
-        and paths, the same as this run's may be) move to ``eval/replaced-<time>/``, kept,
-        so a result in ``eval/`` is always one of the checkpoints there."""
+        """After the first checkpoint of a fresh run: the set-aside one goes, and so do
+        the earlier run's results from beside this run's (``_set_earlier_results_aside``)."""
         if self.rank == 0 and self._aside is not None:
             shutil.rmtree(self._aside, ignore_errors=True)
             log.info("--fresh: deleted the earlier checkpoints %s", self._aside)
-            self._set_results_aside(self._aside.name.rsplit(".replaced-", 1)[-1])
-        self._aside = None
+        if self.rank == 0 and self._earlier:
+            self._set_earlier_results_aside()
+        self._aside, self._earlier = None, []
 
-    def _set_results_aside(self, stamp: str) -> None:
-        results = Path(self.config.eval_dir)
-        old = sorted(results.glob("*.json")) if results.is_dir() else []
-        if old:
-            kept = results / f"replaced-{stamp}"
-            kept.mkdir(exist_ok=True)
-            for file in old:
+    def _earlier_results(self) -> list[Path]:
+        """What an earlier run left in ``run_dir`` that a run from step 0 would be read
+        beside: the results ``gmeta eval`` wrote (``eval/*.json``, naming steps and
+        checkpoint paths this run writes again) and the TensorBoard event files."""
+        found = []
+        for folder, pattern in ((self.config.eval_dir, "*.json"),
+                                (self.config.tensorboard_dir, "events.out.tfevents.*")):
+            if os.path.isdir(folder):
+                found += sorted(p for p in Path(folder).glob(pattern) if p.is_file())
+        return found
+
+    def _set_earlier_results_aside(self) -> None:
+        """At this run's first checkpoint (the earlier checkpoints are gone or were never
+        there): the earlier run's results move to ``replaced-<time>/`` in their folder,
+        kept, so ``eval/`` holds results of the checkpoints beside it and TensorBoard shows
+        the earlier run's curves as a run of that name instead of under this one's."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        moved = []
+        for file in self._earlier:
+            if file.is_file():
+                kept = file.parent / f"replaced-{stamp}"
+                kept.mkdir(exist_ok=True)
                 os.replace(file, kept / file.name)
-            log.info("--fresh: the earlier run's evaluation results (%s) are kept at %s",
-                     ", ".join(f.name for f in old), kept)
+                moved.append(file)
+        for folder in sorted({f.parent for f in moved}):
+            names = [f.name for f in moved if f.parent == folder]
+            log.info("the earlier run's %s (%s) are kept at %s",
+                     "evaluation results" if folder == Path(self.config.eval_dir) else
+                     "TensorBoard events", ", ".join(names) if len(names) <= 3 else
+                     f"{len(names)} files", folder / f"replaced-{stamp}")
 
     def _restore_aside(self) -> None:
         """A fresh run that failed before its first checkpoint: the old one comes back."""

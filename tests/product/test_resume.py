@@ -90,15 +90,17 @@ def test_checkpoints_a_killed_fresh_run_set_aside_come_back(tiny_data, tmp_path,
 def test_a_fresh_run_keeps_the_results_of_the_checkpoints_it_replaced_apart(tiny_data,
                                                                           tmp_path, capfd):
     """``gmeta eval``'s results name a step and a checkpoint path that a ``--fresh`` run
-    writes again: once its first checkpoint replaces the old ones, their results move to
-    ``eval/replaced-<time>/`` (kept), so ``eval/`` holds results of its checkpoints only."""
+    writes again, and TensorBoard would draw both runs' curves as one: once its first
+    checkpoint replaces the old ones, the earlier results move to ``replaced-<time>/`` in
+    their folders (kept), so ``eval/`` holds results of its checkpoints only."""
     run = tmp_path / "run"
     _train(run, tiny_data, 4, "--fresh")
     sets = set_args(tiny_overrides(run, tiny_data, 4) + ["train.eval_every=0"])
     assert main(["eval", *sets]) == 0
-    results = run / "eval"
+    results, events = run / "eval", run / "tensorboard"
     written = {f.name: f.read_bytes() for f in results.glob("*.json")}
-    assert written, "gmeta eval wrote no result"
+    logged = {f.name for f in events.glob("events.out.tfevents.*")}
+    assert written and logged, "gmeta eval wrote no result, or training no event file"
     capfd.readouterr()
     _train(run, tiny_data, 4, "--fresh")
     log = capfd.readouterr().err
@@ -107,6 +109,10 @@ def test_a_fresh_run_keeps_the_results_of_the_checkpoints_it_replaced_apart(tiny
     assert {f.name: f.read_bytes() for f in kept.glob("*.json")} == written
     assert f"the earlier run's evaluation results ({', '.join(sorted(written))}) are kept " \
            f"at {kept}" in log
+    old_events, = events.glob("replaced-*")
+    assert {f.name for f in old_events.iterdir()} == logged
+    new_events = {f.name for f in events.glob("events.out.tfevents.*")}
+    assert new_events and not new_events & logged  # this run's curves, apart
 
 
 def test_a_damaged_newer_checkpoint_is_set_aside_not_kept_over_good_ones(tiny_data, tmp_path,
