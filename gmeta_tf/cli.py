@@ -25,9 +25,7 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
-import threading
 from typing import Sequence
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -282,11 +280,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         verb_args: argparse.Namespace | None = None
     else:
         verb_args = _parser().parse_args(argv)
-    from gmeta_tf.launcher import Terminated, raise_terminated
+    from gmeta_tf import interrupts
 
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    if on_main_thread:  # a kill, docker stop: handled as Ctrl-C
-        previous = signal.signal(signal.SIGTERM, raise_terminated)
+    with interrupts.handled():  # a kill, docker stop: handled as Ctrl-C
+        return _run_verb(argv, verb_args)
+
+
+def _run_verb(argv: list[str], verb_args: argparse.Namespace | None) -> int:
+    from gmeta_tf import interrupts
+
     try:
         if verb_args is None:
             return run_data(argv[1:])
@@ -303,16 +305,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bad_input(err)
     except KeyboardInterrupt as err:
         return _interrupted(None if verb_args is None else verb_args.verb,
-                            isinstance(err, Terminated))
+                            isinstance(err, interrupts.Terminated))
     except Exception as err:
+        signalled = interrupts.received()
+        if signalled is not None:  # TensorFlow's C++ turned the interrupt into this error
+            return _interrupted(None if verb_args is None else verb_args.verb,
+                                signalled is interrupts.Terminated)
         inside = _data_error_inside(err)
         if inside is not None:
             return _bad_input(inside)
         _record_status(1, f"unexpected {type(err).__name__}: {err}")
         raise
-    finally:
-        if on_main_thread:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _data_error_inside(err: Exception) -> str | None:

@@ -19,12 +19,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
+
+from gmeta_tf import interrupts
 
 STATUS_DIR_ENV = "GMETA_STATUS_DIR"
 _RANK_ENVS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -59,15 +60,14 @@ def run_ranks(argv: Sequence[str], np_: int, hosts: str | None = None,
         extra: More ``horovodrun`` options (e.g. ``--network-interface eth0``).
     """
     status_dir = tempfile.mkdtemp(prefix="gmeta-ranks-")
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
     command = [horovodrun(), "-np", str(np_), "-H", hosts or f"localhost:{np_}", *extra,
                sys.executable, "-m", "gmeta_tf.cli", *argv]
     env = dict(os.environ, **{STATUS_DIR_ENV: status_dir})
     try:
-        launcher_lines, code, held = _pass_through(command, env)
+        with interrupts.handled():  # SIGTERM as Ctrl-C: _pass_through stops the ranks
+            launcher_lines, code, held = _pass_through(command, env)
         statuses = _statuses(status_dir)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(status_dir, ignore_errors=True)
     failed = [s for s in statuses if s["status"] != 0]
     if failed:
@@ -123,17 +123,6 @@ def _pass_through(command: list[str], env: dict) -> tuple[list[str], int, list[s
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``docker stop``, a scheduler's pre-emption), raised where the
-    process is as Ctrl-C's ``KeyboardInterrupt`` is, so the same clean-up runs: the
-    launcher stops the ranks (``_pass_through``), a ``--fresh`` run puts back what it set
-    aside, and ``gmeta`` prints one line saying what is kept (status 143)."""
-
-
-def raise_terminated(signum: int, frame) -> None:
-    raise Terminated()
 
 
 def _statuses(directory: str) -> list[dict]:

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import tensorflow as tf
 
+from gmeta_tf import interrupts
 from gmeta_tf.graph_function import graph_function
 from gmeta_tf.meta import metrics
 from gmeta_tf.meta.task_adapter import (AdaptedQuery, TaskAdapter, adapted_query, fold_in_outputs,
@@ -82,17 +83,18 @@ class _Collected:
 def _collect(predict: PredictFn, batches: Iterable[Mapping], head: Head, binary_label: str | None,
              relevance_label: str | None) -> _Collected:
     out = _Collected([], [], [], [], [])
-    for batch in batches:
-        pred = np.asarray(predict(batch))
-        query = {k: np.asarray(v) for k, v in batch["query"].items()}
-        ids = np.asarray(batch["task_id"]) if "task_id" in batch else np.arange(len(pred))
-        for t in range(len(pred)):
-            real = query["mask"][t] > 0
-            out.task_ids.append(int(ids[t]))
-            out.predictions.append(pred[t][real])
-            out.labels.append(query[head.label][t][real])
-            out.binary.append(query[binary_label or head.label][t][real])
-            out.relevance.append(query[relevance_label or head.label][t][real])
+    with interrupts.deferred():  # Ctrl-C and SIGTERM stop it between batches
+        for batch in interrupts.checked(batches):
+            pred = np.asarray(predict(batch))
+            query = {k: np.asarray(v) for k, v in batch["query"].items()}
+            ids = np.asarray(batch["task_id"]) if "task_id" in batch else np.arange(len(pred))
+            for t in range(len(pred)):
+                real = query["mask"][t] > 0
+                out.task_ids.append(int(ids[t]))
+                out.predictions.append(pred[t][real])
+                out.labels.append(query[head.label][t][real])
+                out.binary.append(query[binary_label or head.label][t][real])
+                out.relevance.append(query[relevance_label or head.label][t][real])
     return out
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 
-from gmeta_tf import distributed, elastic
+from gmeta_tf import distributed, elastic, interrupts
 from gmeta_tf.config import ConfigError, PipelineConfig
 from gmeta_tf.training.dense_scaling import fit_dense_scaling
 from gmeta_tf.training.evaluation import selection_metric
@@ -106,7 +106,8 @@ class ElasticTrainer(Trainer):
             bar.close()
             return out
 
-        out = train(state)
+        with interrupts.deferred():  # Ctrl-C and SIGTERM stop it between steps
+            out = train(state)
         last = self.ckpt_dir / f"ckpt-{t.steps}"
         result = self._result(first_start[0] if first_start else 0, models, meter, out, last,
                               {}, None, Selection(selection_metric(config)), None)

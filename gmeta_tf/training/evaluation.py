@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf import data as meta_io
-from gmeta_tf import distributed
+from gmeta_tf import distributed, interrupts
 from gmeta_tf.atomic_file import write_atomically
 from gmeta_tf.config import PipelineConfig, configured_blend, tower_sparse_features
 from gmeta_tf.meta import (EvaluationReport, MetaModel, fine_tuned_adaptation,
@@ -253,30 +253,38 @@ def score_task_outputs(predict: AdaptationFn, batches: Iterable[Mapping],
                        labels: tuple[str, str, str]) -> dict[str, ScoredRows]:
     """Every real query row of task batches, scored by each output of ``predict`` (name
     -> [T, Q]; e.g. ``meta_adaptation``'s, all from one pass)."""
-    label, binary, relevance = labels
     parts: dict[str, list[ScoredRows]] = {}
-    for batch in batches:
-        outputs = predict(batch)
-        query = batch["query"]
-        real = np.asarray(query["mask"]) > 0
-        ids = np.broadcast_to(np.asarray(batch["task_id"])[:, None], real.shape)
-        support = np.broadcast_to(
-            (np.asarray(batch["support"]["mask"]) > 0).sum(axis=1)[:, None], real.shape)
-        labelled = (np.asarray(query[label])[real], np.asarray(query[binary])[real],
-                    np.asarray(query[relevance])[real], support[real])
-        for name, p in outputs.items():
-            parts.setdefault(name, []).append(
-                ScoredRows(ids[real], np.asarray(p)[real], *labelled))
+    with interrupts.deferred():  # Ctrl-C and SIGTERM stop it between batches
+        for batch in interrupts.checked(batches):
+            for name, scored in _scored_query_rows(predict(batch), batch, labels).items():
+                parts.setdefault(name, []).append(scored)
     return {name: ScoredRows.concat(p) for name, p in parts.items()}
+
+
+def _scored_query_rows(outputs: Mapping, batch: Mapping,
+                       labels: tuple[str, str, str]) -> dict[str, ScoredRows]:
+    """One task batch's real query rows, scored by each of ``outputs`` ([T, Q])."""
+    label, binary, relevance = labels
+    query = batch["query"]
+    real = np.asarray(query["mask"]) > 0
+    ids = np.broadcast_to(np.asarray(batch["task_id"])[:, None], real.shape)
+    support = np.broadcast_to(
+        (np.asarray(batch["support"]["mask"]) > 0).sum(axis=1)[:, None], real.shape)
+    labelled = (np.asarray(query[label])[real], np.asarray(query[binary])[real],
+                np.asarray(query[relevance])[real], support[real])
+    return {name: ScoredRows(ids[real], np.asarray(p)[real], *labelled)
+            for name, p in outputs.items()}
 
 
 def score_rows(predict: PredictFn, batches: Iterable[Mapping],
                labels: tuple[str, str, str]) -> ScoredRows:
     """Every row of row batches, scored by ``predict`` ([B])."""
     label, binary, relevance = labels
-    parts = [ScoredRows(np.asarray(b["task_id"]), np.asarray(predict(b)), np.asarray(b[label]),
-                        np.asarray(b[binary]), np.asarray(b[relevance]),
-                        np.zeros(len(b["task_id"]), np.int64)) for b in batches]
+    with interrupts.deferred():  # Ctrl-C and SIGTERM stop it between batches
+        parts = [ScoredRows(np.asarray(b["task_id"]), np.asarray(predict(b)),
+                            np.asarray(b[label]), np.asarray(b[binary]),
+                            np.asarray(b[relevance]), np.zeros(len(b["task_id"]), np.int64))
+                 for b in interrupts.checked(batches)]
     return ScoredRows.concat(parts)
 
 

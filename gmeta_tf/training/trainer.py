@@ -54,7 +54,7 @@ from typing import Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from gmeta_tf import checkpoint, distributed
+from gmeta_tf import checkpoint, distributed, interrupts
 from gmeta_tf import data as meta_io
 from gmeta_tf.atomic_file import write_text_atomically
 from gmeta_tf.config import ConfigError, PipelineConfig, dump_config, tuned_world_size
@@ -367,6 +367,7 @@ class Trainer:
             step_fn = step_fns[resting]
             out = {}
             for step in range(done + 1, stop + 1):
+                interrupts.check()
                 batch = next(batches)
                 out = step_fn(step, batch)
                 meter.add(_real_rows(batch))
@@ -441,7 +442,8 @@ class Trainer:
                 fit_dense_scaling(models, self.config)
             if start == 0 and self.config.model.start_from_linear:
                 start_from_linear(models, self.config)
-            return self._run(models, start)
+            with interrupts.deferred():  # Ctrl-C and SIGTERM stop it between steps
+                return self._run(models, start)
         except BaseException:
             self._restore_aside()
             raise
@@ -520,7 +522,7 @@ class Trainer:
             log.warning("every model stopped training before step %d: %s; nothing to train, "
                         "each keeps its best checkpoint on validation", start, ", ".join(why))
             stops, stopped = [], start
-        for step in stops:
+        for step in interrupts.checked(stops):
             out = train(batches, done, step)
             last_losses.update(out)
             done = step

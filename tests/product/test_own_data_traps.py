@@ -430,6 +430,18 @@ def _train_until_a_checkpoint(run_dir: Path, sets: list[str]) -> subprocess.Pope
     return proc
 
 
+def _stopped_by(proc: subprocess.Popen, signum: int) -> str:
+    """Sends ``signum`` to a running ``gmeta train``; returns its stderr once it ended
+    (killed, and the test failed with that stderr, if it still ran 120 s later)."""
+    proc.send_signal(signum)
+    try:
+        return proc.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:  # it trained on: the signal was lost
+        proc.kill()
+        pytest.fail(f"gmeta train still ran 120 s after signal {signum}:\n"
+                    f"{proc.communicate()[1][-3000:]}")
+
+
 def test_ctrl_c_says_what_is_kept_and_how_to_go_on(tiny_data, tmp_path):
     """Ctrl-C in a training run: one line naming what is kept and the --resume that goes
     on (status 130, no traceback); its checkpoints are whole and the run resumes."""
@@ -438,8 +450,7 @@ def test_ctrl_c_says_what_is_kept_and_how_to_go_on(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     sets = _sets(run_dir, tiny_data, 100000, "train.checkpoint_every=2", "train.log_every=2")
     proc = _train_until_a_checkpoint(run_dir, sets)
-    proc.send_signal(signal.SIGINT)
-    err = proc.communicate(timeout=120)[1]
+    err = _stopped_by(proc, signal.SIGINT)
     assert proc.returncode == 130, err
     assert "gmeta: interrupted: every complete checkpoint is kept" in err, err
     assert "--resume goes on from the newest" in err and "Traceback" not in err, err
@@ -502,8 +513,7 @@ def test_a_second_run_in_a_run_dir_in_use_is_refused_and_sigterm_says_what_is_ke
         assert not list(run_dir.glob("checkpoints.replaced-*"))  # nothing set aside
         assert not (run_dir / "tune").exists()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        err = proc.communicate(timeout=120)[1]
+        err = _stopped_by(proc, signal.SIGTERM)
     assert proc.returncode == 143, err
     assert "gmeta: terminated (SIGTERM): every complete checkpoint is kept" in err, err
     assert "Traceback" not in err, err
