@@ -48,7 +48,11 @@ def _query_rows_in_support(dataset: str, split: str | None, name: str) -> int | 
     if not any(k in record for k in keys):
         return None
     copied = sum(int(record.get(k, 0)) for k in keys)
-    if copied:
+    reason = record.get("repeats_are_events")  # a source whose repeats are events
+    if copied and reason:
+        log.info("%s: %d query rows repeat a support row of their task in every column: %s",
+                 name, copied, reason)
+    elif copied:
         log.warning("%s: %d query rows repeat a support row of their task in every column "
                     "(the same item and label): the adapted models and item mean + offset "
                     "are scored on answers they were shown (the manifest of %s counts them)",

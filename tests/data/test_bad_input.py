@@ -700,6 +700,29 @@ def test_rows_held_twice_are_kept_and_counted_and_copied_answers_warned_of(tmp_p
     assert counts.get("valid_query_rows_in_support", 0) == 0
 
 
+def test_the_generators_repeated_impressions_are_logged_with_their_reason_not_warned_of(
+        tmp_path, caplog):
+    """The generated data (``make demo``'s) shows a user an item again by design: the
+    conversion counts those rows as it counts a log's, records why they are events of their
+    own, and says so at INFO, where a user's log would be warned of."""
+    from gmeta_tf.data import synthetic
+
+    with caplog.at_level("INFO"):
+        manifest = synthetic.generate(str(tmp_path / "out"), 300, 24, seed=3)
+    counts = manifest.split
+    assert counts["repeats_are_events"] == synthetic.REPEATS_ARE_EVENTS
+    # every stored column of a generated row is a function of its user, item and label
+    rows = next(synthetic.iter_rows(300, 24, seed=3))
+    keys = np.stack([rows["user_id"], rows["item_id"], rows["label"].astype(np.int64)], 1)
+    expected = len(keys) - len(np.unique(keys, axis=0))
+    assert counts["rows_in"] == len(keys) and counts["repeated_rows"] == expected > 0
+    said = [r for r in caplog.records if "repeat" in r.getMessage()]
+    assert said and all(r.levelno == logging.INFO for r in said), \
+        [(r.levelname, r.getMessage()) for r in said]
+    assert f"{expected} rows repeat another row of their task" in said[0].getMessage()
+    assert synthetic.REPEATS_ARE_EVENTS in said[0].getMessage()
+
+
 def test_repeated_rows_compare_list_cells_by_their_values_in_order():
     """A list column (a converter's variable-length ids) as the conversion counts it: equal
     lists are the same, the same ids in another order or another length are not, also

@@ -204,7 +204,8 @@ def num_buckets(input_bytes: int, bucket_bytes: int) -> int:
 
 def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
             split: SplitConfig, output: OutputConfig, input_bytes: int,
-            source: dict, input_counts: Callable[[], dict] | None = None) -> Manifest:
+            source: dict, input_counts: Callable[[], dict] | None = None,
+            repeats_are_events: str | None = None) -> Manifest:
     """Runs the shared conversion: check, bucket, split, write, commit.
 
     Args:
@@ -215,6 +216,11 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
         output: File format, sizes, overwrite and bad-row policy.
         input_bytes: Size of the raw input, to size the on-disk buckets.
         source: What was converted (recorded in the manifest).
+        repeats_are_events: Why rows repeating another row of their task are events of
+            their own in this source (a generator that shows a user an item again): the
+            counts of ``RepeatedRows`` are then logged with this reason, not warned of, and
+            the reason is recorded in the manifest (``repeats_are_events``) for
+            ``gmeta eval``.
         input_counts: Called after the last batch: the converter's own counts (lines
             skipped, values repaired), recorded in the manifest and logged.
 
@@ -251,7 +257,7 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
             counts.update(repeats.counts)
         shutil.rmtree(spill, ignore_errors=True)
         _log_skips(counts, split)
-        repeats.log()
+        repeats.log(repeats_are_events)
         if not sum(counts[f"{name}_tasks"] for name in SPLITS):
             rows_are_tasks = source.get("mapping", {"task": ""}).get("task") is None
             hint = ("; the mapping has no 'task', so every row is its own task of one row: "
@@ -264,6 +270,7 @@ def convert(raw_batches: Iterable[RawBatch], schema: Schema, out_dir: str, *,
                             f"{counts['dropped_long']} more than max_rows={split.max_rows}"
                             f"{hint}", file=_inputs(source))
         record = {**split_record(split, dict(counts)), "labels_seen": seen.ranges(),
+                  **({"repeats_are_events": repeats_are_events} if repeats_are_events else {}),
                   "source": source,
                   "output": {"rows_per_block": writer.rows_per_block,
                              "rows_per_file": output.rows_per_file,
@@ -342,22 +349,33 @@ class RepeatedRows:
             self.examples[key].extend(int(t) for t in dict.fromkeys(tasks.tolist()))
             del self.examples[key][self.EXAMPLES:]
 
-    def log(self) -> None:
-        if self.counts["repeated_rows"]:
+    def log(self, repeats_are_events: str | None = None) -> None:
+        """Warns of the counts, or, when the source says why its repeats are events of
+        their own (``repeats_are_events``), logs them with that reason."""
+        def examples(key: str) -> str:
+            return ", ".join(map(str, self.examples[key]))
+
+        repeated = self.counts["repeated_rows"]
+        if repeated and repeats_are_events:
+            log.info("%d rows repeat another row of their task in every stored column "
+                     "(tasks %s...): %s", repeated, examples("repeated_rows"),
+                     repeats_are_events)
+        elif repeated:
             log.warning("%d rows repeat another row of their task in every stored column "
                         "(tasks %s...: a log that wrote a row twice?); they are kept, as "
                         "written: remove the copies from the input if they are not events "
-                        "of their own", self.counts["repeated_rows"],
-                        ", ".join(map(str, self.examples["repeated_rows"])))
+                        "of their own", repeated, examples("repeated_rows"))
         for split in SPLITS:
-            copied = self.counts[f"{split}_query_rows_in_support"]
-            if copied:
+            key = f"{split}_query_rows_in_support"
+            copied = self.counts[key]
+            if copied and repeats_are_events:
+                log.info("%d query rows of the %s split repeat a support row of their task "
+                         "(tasks %s...): %s", copied, split, examples(key), repeats_are_events)
+            elif copied:
                 log.warning("%d query rows of the %s split are copies of a support row of "
                             "their task (tasks %s...): a model adapted on the support rows "
                             "is given their labels before it is scored or trained on them",
-                            copied,
-                            split, ", ".join(map(str, self.examples[
-                                f"{split}_query_rows_in_support"])))
+                            copied, split, examples(key))
 
 
 class _RowKeys:
