@@ -23,6 +23,9 @@ def test_the_demo_runs_every_stage_and_prints_the_cold_start_table_eval_wrote(tm
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     out = result.stdout
+    # the generated data's repeated impressions are said to be events, not warned of
+    said = [line for line in (out + result.stderr).splitlines() if "repeat" in line]
+    assert said and not [line for line in said if "WARNING" in line], said
     for stage in ("data", "train", "eval", "export"):
         assert f"\n==> {stage}: " in out, stage
     summary = out[out.index("gmeta demo: pipeline 'default' (synthetic data)"):]
