@@ -31,6 +31,7 @@ from typing import Sequence
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from gmeta_tf import interrupts  # noqa: E402
 from gmeta_tf.config import ConfigError, PipelineConfig, load_config  # noqa: E402
 
 log = logging.getLogger("gmeta")
@@ -280,15 +281,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         verb_args: argparse.Namespace | None = None
     else:
         verb_args = _parser().parse_args(argv)
-    from gmeta_tf import interrupts
 
     with interrupts.handled():  # a kill, docker stop: handled as Ctrl-C
         return _run_verb(argv, verb_args)
 
 
 def _run_verb(argv: list[str], verb_args: argparse.Namespace | None) -> int:
-    from gmeta_tf import interrupts
-
     try:
         if verb_args is None:
             return run_data(argv[1:])

@@ -3,7 +3,7 @@
 Runs the very commands a user would (printed as they start)::
 
     gmeta data prepare --config default
-    horovodrun -np 2 -H localhost:2 gmeta train --config default --fresh
+    gmeta train --np 2 --config default --fresh
     gmeta eval --config default
     gmeta export --config default
 
@@ -70,13 +70,6 @@ def _run(title: str, command: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(command, check=True)
     return time.perf_counter() - start
-
-
-def _horovodrun(np_: int) -> list[str]:
-    if np_ <= 1:
-        return []
-    launcher = Path(sys.executable).with_name("horovodrun")
-    return [str(launcher), "-np", str(np_), "-H", f"localhost:{np_}"]
 
 
 def _serve_check(config: PipelineConfig, export_dir: Path) -> tuple[float, dict]:
@@ -166,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     (run / "data_summary.json").write_text(json.dumps(summary(meta_io.Manifest.load(
         config.data.path))))
-    seconds["train"] = _run("train", _horovodrun(args.np_) + _gmeta("train", *common, "--fresh"))
+    seconds["train"] = _run("train", _gmeta("train", "--np", str(args.np_), *common, "--fresh"))
     seconds["eval"] = _run("eval", _gmeta("eval", *common))
     seconds["export"] = _run("export", _gmeta("export", *common))
     export_dirs = sorted(Path(config.export.dir).iterdir(), key=lambda p: p.stat().st_mtime)

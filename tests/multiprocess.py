@@ -1,4 +1,6 @@
-"""Launching real ranks from tests: `horovodrun -np N -H localhost:N` on this machine."""
+"""Launching real ranks from tests: `horovodrun -np N -H localhost:N` on this machine, as
+`gmeta train --np N` runs it (`gmeta_tf.launcher`: Horovod's launcher, its build probes
+answered from their cache)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gmeta_tf.launcher import horovodrun
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 
 
 def run_ranks(module: str, *args: str, np_: int = 2, timeout: float = 300) -> str:
@@ -18,7 +21,7 @@ def run_ranks(module: str, *args: str, np_: int = 2, timeout: float = 300) -> st
     returns its output; fails the test with that output when any rank fails."""
     command = [sys.executable, "-m", module, *args]
     if np_ > 1:
-        command = [str(HOROVODRUN), "-np", str(np_), "-H", f"localhost:{np_}",
+        command = [*horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}",
                    "--gloo-timeout-seconds", "60", *command]
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=str(PROJECT_ROOT))

@@ -249,8 +249,9 @@ def _train_command(config_arg: str, overrides: list[str], np_: int) -> list[str]
     for item in overrides:
         command += ["--set", item]
     if np_ > 1:
-        horovodrun = Path(sys.executable).with_name("horovodrun")
-        command = [str(horovodrun), "-np", str(np_), "-H", f"localhost:{np_}",
+        from gmeta_tf.launcher import horovodrun
+
+        command = [*horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}",
                    "--gloo-timeout-seconds", "120", *command]
     return command
 

@@ -3,13 +3,13 @@ whatever the inner steps, two all-to-alls forward (ids out, rows back) and one b
 gradients), in the traced graph and counted at run time (real ``horovodrun -np 2``)."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from gmeta_tf.launcher import horovodrun
 from tests.conftest import PROJECT_ROOT
 from tests.meta import meta_step_worker
 
@@ -21,11 +21,10 @@ ALGORITHMS = ("maml", "reptile")  # fomaml is maml with constant inner gradients
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    """One horovodrun -np 2 launch: both algorithms trained, and the exchange counts."""
+    """One launch of 2 ranks (as gmeta train --np 2 launches them): both algorithms trained, and the exchange counts."""
     out_dir = tmp_path_factory.mktemp("two_ranks")
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", PYTHONPATH=str(PROJECT_ROOT))
-    horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(PYTHON), "horovodrun")
-    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", PYTHON, "-m",
+    cmd = [*horovodrun(), "-np", "2", "-H", "localhost:2", PYTHON, "-m",
            "tests.meta.meta_step_worker", str(out_dir), ",".join(ALGORITHMS + ("exchanges", "undone"))]
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
                           timeout=900)

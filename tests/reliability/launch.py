@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from gmeta_tf import launcher
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 # Collectives give up after this long when a peer is gone (Gloo's default is 30 minutes).
@@ -26,10 +28,11 @@ def environment(**extra: str) -> dict[str, str]:
 
 
 def horovodrun(command: Sequence[str], np_: int = 2) -> list[str]:
-    """``horovodrun -np N -H localhost:N`` around command (a plain command when N is 1)."""
+    """``horovodrun -np N -H localhost:N`` around command (a plain command when N is 1), as
+    ``gmeta train --np N`` runs it (``gmeta_tf.launcher``)."""
     if np_ == 1:
         return list(command)
-    return [str(HOROVODRUN), "-np", str(np_), "-H", f"localhost:{np_}",
+    return [*launcher.horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}",
             "--gloo-timeout-seconds", str(GLOO_TIMEOUT_SECONDS), *command]
 
 
