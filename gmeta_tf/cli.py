@@ -26,13 +26,18 @@ import logging
 import os
 import re
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from gmeta_tf import interrupts  # noqa: E402
-from gmeta_tf.config import ConfigError, PipelineConfig, load_config  # noqa: E402
+
+if TYPE_CHECKING:
+    from gmeta_tf.config import PipelineConfig
+
+# TensorFlow is imported (through the config) only once the arguments are parsed: `--help`
+# and a usage error answer at once, without TensorFlow's start-up lines.
 
 log = logging.getLogger("gmeta")
 VERBS = ("train", "tune", "eval", "export", "data", "config")
@@ -132,6 +137,8 @@ def _prepare_parser() -> argparse.ArgumentParser:
 # ---- verbs ------------------------------------------------------------------------------
 
 def _config(args: argparse.Namespace) -> PipelineConfig:
+    from gmeta_tf.config import load_config
+
     overrides = list(args.overrides)
     if getattr(args, "staleness", None) is not None:  # checked with the config's other keys
         overrides.append(f"train.hybrid.staleness={args.staleness}")
@@ -142,6 +149,8 @@ def _launch(argv: Sequence[str], args: argparse.Namespace) -> int | None:
     """With ``--np N`` (N > 1) outside horovodrun: the ranks' status; else None."""
     if not args.np or args.np == 1 or "HOROVOD_RANK" in os.environ:
         return None
+    from gmeta_tf.config import ConfigError
+
     if args.np < 1:
         raise ConfigError(f"--np {args.np} is not allowed: expected a number of ranks >= 1")
     from gmeta_tf.launcher import run_ranks
@@ -168,6 +177,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     config = _config(args)
     if args.elastic:
+        from gmeta_tf.config import ConfigError
         from gmeta_tf.training.dataset_prep import dataset_exists
         from gmeta_tf.training.elastic_trainer import ElasticTrainer
 
@@ -203,6 +213,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    from gmeta_tf.config import ConfigError
     from gmeta_tf.training.tuning import tune
 
     for name, value in (("--trials", args.trials), ("--np", args.np_),
@@ -274,13 +285,13 @@ def run_config(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit code (2 for a bad config or bad data)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from gmeta_tf.training.rank_logging import setup_logging
-
-    setup_logging()
     if argv and argv[0] == "data":
         verb_args: argparse.Namespace | None = None
     else:
         verb_args = _parser().parse_args(argv)
+    from gmeta_tf.training.rank_logging import setup_logging
+
+    setup_logging()
 
     with interrupts.handled():  # a kill, docker stop: handled as Ctrl-C
         return _run_verb(argv, verb_args)
@@ -299,7 +310,7 @@ def _run_verb(argv: list[str], verb_args: argparse.Namespace | None) -> int:
                       "export": run_export,
                       "config": run_config}[verb_args.verb]
             return runner(verb_args)
-    except (ConfigError, _data_error(), _checkpoint_error()) as err:
+    except (_config_error(), _data_error(), _checkpoint_error()) as err:
         return _bad_input(err)
     except KeyboardInterrupt as err:
         return _interrupted(None if verb_args is None else verb_args.verb,
@@ -362,6 +373,7 @@ def _run_dir_held(args: argparse.Namespace) -> contextlib.AbstractContextManager
     host runs the command)."""
     if args.verb not in ("train", "tune") or _in_rank() or getattr(args, "elastic", False):
         return contextlib.nullcontext()
+    from gmeta_tf.config import load_config
     from gmeta_tf.run_dir_lock import run_dir_held
 
     config = load_config(args.config or "default", list(args.overrides)) \
@@ -379,6 +391,12 @@ def _record_status(status: int, message: str) -> None:
     from gmeta_tf.launcher import record_status
 
     record_status(status, message)
+
+
+def _config_error() -> type:
+    from gmeta_tf.config import ConfigError
+
+    return ConfigError
 
 
 def _data_error() -> type:

@@ -489,3 +489,24 @@ def test_a_conflict_a_set_made_is_blamed_on_the_set_too():
     assert "config key 'train.linear_margin'" in message and message.startswith("config file")
     assert message.endswith("(model.start_from_linear as --set model.start_from_linear=false "
                             "gives it)")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["train", "--bogus"],
+                                  ["tune", "--trials", "x"]])
+def test_help_and_usage_errors_answer_before_tensorflow_is_imported(argv):
+    """`gmeta --help` and a mistyped flag answer at once: TensorFlow (seconds to import, and
+    its start-up lines) is imported only once the arguments are parsed."""
+    import re
+    import subprocess
+    import sys
+
+    program = ("import sys\nfrom gmeta_tf import cli\ntry:\n    cli.main(sys.argv[1:])\n"
+               "except SystemExit as e:\n    code = e.code\n"
+               "print('tensorflow imported' if 'tensorflow' in sys.modules else 'no tensorflow', "
+               "code, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True,
+                            text=True, timeout=60)
+    assert result.stderr.splitlines()[-1] == f"no tensorflow {0 if '--help' in argv else 2}", \
+        result.stderr
+    assert ("usage: gmeta" in result.stdout) if "--help" in argv else \
+        re.search(r"^gmeta( \w+)?: error: ", result.stderr, flags=re.M)
