@@ -47,8 +47,11 @@ def horovodrun() -> list[str]:
     return [sys.executable, "-m", "gmeta_tf.launcher"]
 
 
-def _build_cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+def _build_cache_path() -> Path | None:
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:  # no home directory: probed every time
+        return None
     return Path(base, "gmeta", "horovod-build.json")
 
 
@@ -74,7 +77,7 @@ def horovod_build() -> dict[str, bool] | None:
            "horovod": horovod.__version__}
     path = _build_cache_path()
     try:
-        cached = json.loads(path.read_text())
+        cached = json.loads(path.read_text()) if path is not None else {}
         if cached.get("key") == key:
             return {"gloo": bool(cached["gloo"]), "mpi": bool(cached["mpi"])}
     except (OSError, ValueError, KeyError, AttributeError, TypeError):
@@ -83,6 +86,8 @@ def horovod_build() -> dict[str, bool] | None:
     if gloo is None or mpi is None:
         return None
     built = {"gloo": bool(gloo), "mpi": bool(mpi)}
+    if path is None:
+        return built
     try:
         from gmeta_tf.atomic_file import write_text_atomically
 

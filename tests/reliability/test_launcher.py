@@ -68,6 +68,17 @@ def test_no_answer_is_cached_when_a_probe_gives_none(cache_home, monkeypatch):
     assert not (cache_home / "gmeta" / "horovod-build.json").exists()
 
 
+def test_a_cache_that_cannot_be_written_is_probed_every_time(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # no directory can go there
+    calls = []
+    monkeypatch.setattr(util, "gloo_built", lambda verbose=False: calls.append(1) or True)
+    monkeypatch.setattr(util, "mpi_built", lambda verbose=False: False)
+    for count in (1, 2):
+        assert launcher.horovod_build() == {"gloo": True, "mpi": False}
+        assert len(calls) == count
+
+
 @pytest.mark.horovod
 def test_the_launcher_starts_ranks_that_reduce_together(cache_home):
     program = ("import horovod.tensorflow as hvd, tensorflow as tf; hvd.init(); "
