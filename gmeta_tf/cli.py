@@ -32,6 +32,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from gmeta_tf import interrupts  # noqa: E402
+from gmeta_tf.config_fields import ConfigError  # noqa: E402 (no TensorFlow in it)
 
 if TYPE_CHECKING:
     from gmeta_tf.config import PipelineConfig
@@ -149,8 +150,6 @@ def _launch(argv: Sequence[str], args: argparse.Namespace) -> int | None:
     """With ``--np N`` (N > 1) outside horovodrun: the ranks' status; else None."""
     if not args.np or args.np == 1 or "HOROVOD_RANK" in os.environ:
         return None
-    from gmeta_tf.config import ConfigError
-
     if args.np < 1:
         raise ConfigError(f"--np {args.np} is not allowed: expected a number of ranks >= 1")
     from gmeta_tf.launcher import run_ranks
@@ -177,7 +176,6 @@ def run_train(args: argparse.Namespace) -> int:
 
     config = _config(args)
     if args.elastic:
-        from gmeta_tf.config import ConfigError
         from gmeta_tf.training.dataset_prep import dataset_exists
         from gmeta_tf.training.elastic_trainer import ElasticTrainer
 
@@ -213,7 +211,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from gmeta_tf.config import ConfigError
     from gmeta_tf.training.tuning import tune
 
     for name, value in (("--trials", args.trials), ("--np", args.np_),
@@ -310,7 +307,7 @@ def _run_verb(argv: list[str], verb_args: argparse.Namespace | None) -> int:
                       "export": run_export,
                       "config": run_config}[verb_args.verb]
             return runner(verb_args)
-    except (_config_error(), _data_error(), _checkpoint_error()) as err:
+    except (ConfigError, _data_error(), _checkpoint_error()) as err:
         return _bad_input(err)
     except KeyboardInterrupt as err:
         return _interrupted(None if verb_args is None else verb_args.verb,
@@ -391,12 +388,6 @@ def _record_status(status: int, message: str) -> None:
     from gmeta_tf.launcher import record_status
 
     record_status(status, message)
-
-
-def _config_error() -> type:
-    from gmeta_tf.config import ConfigError
-
-    return ConfigError
 
 
 def _data_error() -> type:

@@ -34,7 +34,7 @@ from typing import Any, Literal, Mapping, Sequence
 import yaml
 
 from gmeta_tf.atomic_file import write_text_atomically
-from gmeta_tf.config_fields import (FieldError, field, load_yaml, range_violation, type_name,
+from gmeta_tf.config_fields import (ConfigError, FieldError, field, load_yaml, range_violation, type_name,
                                     type_violation)
 from gmeta_tf.data.split import SplitConfig, source_split
 from gmeta_tf.embedding.config import TableConfig
@@ -46,10 +46,6 @@ DEFAULT_PIPELINE = "default"
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-class ConfigError(ValueError):
-    """A config file, key or value is not allowed."""
 
 
 # ---- the sections -----------------------------------------------------------------------

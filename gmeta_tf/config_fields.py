@@ -66,6 +66,10 @@ def load_yaml(text):
     return yaml.load(text, Loader=_Loader)
 
 
+class ConfigError(ValueError):
+    """A config file, key or value is not allowed."""
+
+
 class FieldError(ValueError):
     """A config field's value is not allowed.
 

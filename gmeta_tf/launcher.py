@@ -177,11 +177,8 @@ def _pass_through(command: list[str], env: dict) -> tuple[list[str], int, list[s
     ``_HELD_LINES`` (held back)."""
     held: list[str] = []
     quiet: list[str] = []
-    try:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
-    except FileNotFoundError as err:
-        raise SystemExit(f"gmeta: error: cannot run {command[0]}: {err.strerror}") from err
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
