@@ -33,6 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from gmeta_tf import interrupts  # noqa: E402
 from gmeta_tf.config_fields import ConfigError  # noqa: E402 (no TensorFlow in it)
+from gmeta_tf.rank_logging import setup_logging  # noqa: E402 (no TensorFlow in it)
 
 if TYPE_CHECKING:
     from gmeta_tf.config import PipelineConfig
@@ -286,9 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         verb_args: argparse.Namespace | None = None
     else:
         verb_args = _parser().parse_args(argv)
-    from gmeta_tf.training.rank_logging import setup_logging
-
-    setup_logging()
+    setup_logging(single_process=verb_args is None)  # gmeta data: one process, no Horovod
 
     with interrupts.handled():  # a kill, docker stop: handled as Ctrl-C
         return _run_verb(argv, verb_args)
@@ -396,10 +395,15 @@ def _data_error() -> type:
     return DataError
 
 
-def _checkpoint_error() -> type:
-    from gmeta_tf.checkpoint import CheckpointError
+class _NeverRaised(Exception):
+    """Matches no error: what ``_checkpoint_error`` gives before checkpoints were read."""
 
-    return CheckpointError
+
+def _checkpoint_error() -> type:
+    """CheckpointError; where its module (which imports TensorFlow) was never imported, none
+    can have been raised, so a class nothing raises (``gmeta data`` stays TensorFlow-free)."""
+    module = sys.modules.get("gmeta_tf.checkpoint")
+    return module.CheckpointError if module is not None else _NeverRaised
 
 
 if __name__ == "__main__":

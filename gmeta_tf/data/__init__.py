@@ -35,17 +35,37 @@ Example::
     batch["support"]["genres"].shape   # (32, 20, 6)
 """
 
-from gmeta_tf.data.converters import (CsvMapping, OutputConfig, convert_criteo, convert_csv,
-                                      convert_movielens)
-from gmeta_tf.data.errors import DataError
-from gmeta_tf.data.manifest import Manifest
-from gmeta_tf.data.readers import ReaderCrashed, reader_names
-from gmeta_tf.data.schema import PAD_ID, Feature, FeatureKind, Schema
-from gmeta_tf.data.split import SOURCE_SPLITS, SplitConfig, source_split
-from gmeta_tf.data.task_dataset import TaskDataset, read_rows, read_tasks
 
-__all__ = [
-    "PAD_ID", "CsvMapping", "DataError", "Feature", "FeatureKind", "Manifest", "OutputConfig",
-    "ReaderCrashed", "Schema", "SOURCE_SPLITS", "SplitConfig", "source_split", "TaskDataset", "convert_criteo", "convert_csv",
-    "convert_movielens", "read_rows", "read_tasks", "reader_names",
-]
+import importlib
+
+#: Each name this package exports and the module it lives in. They are imported on first use
+#: (PEP 562), so that converting a file (``gmeta data csv``), which needs NumPy and Arrow
+#: only, does not import TensorFlow through the readers.
+_EXPORTS = {
+    "CsvMapping": "gmeta_tf.data.converters", "OutputConfig": "gmeta_tf.data.converters",
+    "convert_criteo": "gmeta_tf.data.converters", "convert_csv": "gmeta_tf.data.converters",
+    "convert_movielens": "gmeta_tf.data.converters",
+    "DataError": "gmeta_tf.data.errors",
+    "Manifest": "gmeta_tf.data.manifest",
+    "ReaderCrashed": "gmeta_tf.data.readers", "reader_names": "gmeta_tf.data.readers",
+    "PAD_ID": "gmeta_tf.data.schema", "Feature": "gmeta_tf.data.schema",
+    "FeatureKind": "gmeta_tf.data.schema", "Schema": "gmeta_tf.data.schema",
+    "SOURCE_SPLITS": "gmeta_tf.data.split", "SplitConfig": "gmeta_tf.data.split",
+    "source_split": "gmeta_tf.data.split",
+    "TaskDataset": "gmeta_tf.data.task_dataset", "read_rows": "gmeta_tf.data.task_dataset",
+    "read_tasks": "gmeta_tf.data.task_dataset",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

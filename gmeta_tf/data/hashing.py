@@ -26,10 +26,10 @@ _INT_PATTERN = r"^[0-9]{1,18}$"
 
 
 def _fingerprint(values: list[str], salt: str) -> np.ndarray:
+    if not values:  # a column of integer ids: nothing to hash, no TensorFlow to import
+        return np.zeros(0, np.int64)
     import tensorflow as tf
 
-    if not values:
-        return np.zeros(0, np.int64)
     salted = tf.constant([f"{salt}={v}" for v in values])
     return tf.strings.to_hash_bucket_fast(salted, 2**63 - 1).numpy()
 

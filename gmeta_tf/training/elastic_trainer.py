@@ -34,7 +34,7 @@ from gmeta_tf.training.dense_scaling import fit_dense_scaling
 from gmeta_tf.training.evaluation import selection_metric
 from gmeta_tf.training.model_builder import build_models
 from gmeta_tf.training.progress import ProgressBar
-from gmeta_tf.training.rank_logging import setup_logging
+from gmeta_tf.rank_logging import setup_logging
 from gmeta_tf.training.selection import Selection
 from gmeta_tf.training.trainer import Trainer, TrainResult, _Meter, _Scalars
 

@@ -48,3 +48,26 @@ def test_long_warm_tasks_are_trained_on_unless_the_flag_says_no(raw_csv, tmp_pat
     assert gained > 0 and kept["dropped_long"] == dropped["dropped_long"] - gained
     assert (kept["valid_tasks"], kept["cold_tasks"]) == (dropped["valid_tasks"],
                                                          dropped["cold_tasks"])
+
+
+def test_converting_integer_ids_and_reading_info_import_no_tensorflow(tmp_path):
+    """`gmeta data` runs in one process without Horovod or TensorFlow where it needs neither
+    (help, `info`, a file of integer ids: string ids are hashed by TensorFlow's farmhash,
+    as serving hashes them): seconds of import and TensorFlow's start-up lines saved."""
+    import subprocess
+    import sys
+
+    raw = tmp_path / "clicks.csv"
+    raw.write_text("user,item,click\n" + "".join(f"{u},{u * 7 % 13},{u % 2}\n"
+                                                 for u in range(40)))
+    out = tmp_path / "out"
+    program = ("import sys\nfrom gmeta_tf import cli\ncodes = [cli.main(a.split()) for a in "
+               "sys.argv[1:]]\nprint(codes, 'tensorflow' in sys.modules, file=sys.stderr)")
+    result = subprocess.run(
+        [sys.executable, "-c", program,
+         f"data csv {raw} {out} --label click --sparse user,item --min-rows 1 --query-size 0 "
+         "--warm-fraction 1.0", f"data info {out}"],
+        capture_output=True, text=True, timeout=120)
+    assert result.stderr.splitlines()[-1] == "[0, 0] False", result.stderr
+    assert "[rank 0/1]" in result.stderr  # the log lines say which rank, as elsewhere
+    assert sum(s["rows"] for s in data.Manifest.load(str(out)).per_split().values()) == 40
