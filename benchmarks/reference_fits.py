@@ -79,40 +79,25 @@ def one_loop():
         R.in_parallel = saved
 
 
-def all_columns_epoch(self, features, labels: np.ndarray, batch: int = 256) -> None:
-    """``LinearModel.epoch`` before its gradient was summed over a batch's columns only."""
-    ids, weights, dense = features
-    order = self.rng.permutation(len(labels))
-    for lo in range(0, len(order), batch):
-        at = order[lo:lo + batch]
-        z = self._logit(ids[at], weights[at], dense[at])
-        p = 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30))) if self.data.kind == "binary" else z
-        err = (p - labels[at]) / len(at)
-        flat = ids[at].ravel()
-        grad_w = np.bincount(flat, weights=(err[:, None] * weights[at]).ravel(),
-                             minlength=self.buckets)
-        touched = np.unique(flat)
-        g = grad_w[touched] + self.l2 * self.w[touched]
-        self.w_acc[touched] += g * g
-        self.w[touched] -= self.lr * g / np.sqrt(self.w_acc[touched])
-        if dense.shape[1]:
-            gv = dense[at].T @ err + self.l2 * self.v
-            self.v_acc += gv * gv
-            self.v -= self.lr * gv / np.sqrt(self.v_acc)
-        gb = float(err.sum())
-        self.b_acc += gb * gb
-        self.b -= self.lr * gb / np.sqrt(self.b_acc)
+def all_columns_gradient(ids: np.ndarray, terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``LinearModel._column_gradient`` as it was: a ``bincount`` over all 2^20 hashed
+    columns (``fit_linear``'s models have the default 2^20), then the touched ones read out
+    of it."""
+    flat = ids.ravel()
+    touched = np.unique(flat)
+    return touched, np.bincount(flat, weights=terms.ravel(), minlength=1 << 20)[touched]
 
 
 @contextlib.contextmanager
 def all_columns():
-    """``LinearModel.epoch`` as it was (``all_columns_epoch``)."""
-    saved = R.LinearModel.epoch
-    R.LinearModel.epoch = all_columns_epoch
+    """``LinearModel``'s Adagrad step with its gradient summed as it was
+    (``all_columns_gradient``)."""
+    saved = R.LinearModel.__dict__["_column_gradient"]  # the staticmethod itself
+    R.LinearModel._column_gradient = staticmethod(all_columns_gradient)
     try:
         yield
     finally:
-        R.LinearModel.epoch = saved
+        R.LinearModel._column_gradient = saved
 
 
 def logistic(tasks, items, labels, valid_users, repeats: int) -> dict:

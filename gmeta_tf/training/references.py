@@ -341,6 +341,14 @@ class LinearModel:
             return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
         return z
 
+    @staticmethod
+    def _column_gradient(ids: np.ndarray, terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The hashed columns a batch touches (sorted) and each one's summed gradient, from
+        the batch's ids ``[n, F]`` and their gradient terms ``[n, F]``: summed over those
+        columns alone, not all ``buckets`` of them (2^20 a batch to allocate and scan)."""
+        touched, where = np.unique(ids.ravel(), return_inverse=True)
+        return touched, np.bincount(where, weights=terms.ravel(), minlength=len(touched))
+
     def epoch(self, features, labels: np.ndarray, batch: int = 256) -> None:
         ids, weights, dense = features
         order = self.rng.permutation(len(labels))
@@ -349,11 +357,7 @@ class LinearModel:
             z = self._logit(ids[at], weights[at], dense[at])
             p = 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30))) if self.data.kind == "binary" else z
             err = (p - labels[at]) / len(at)                              # dLoss/dz
-            # the gradient of the batch's columns only: a bincount over every column
-            # allocated and scanned 2^20 of them a batch (the same sums, in the same order)
-            touched, where = np.unique(ids[at].ravel(), return_inverse=True)
-            grad_w = np.bincount(where, weights=(err[:, None] * weights[at]).ravel(),
-                                 minlength=len(touched))
+            touched, grad_w = self._column_gradient(ids[at], err[:, None] * weights[at])
             g = grad_w + self.l2 * self.w[touched]
             self.w_acc[touched] += g * g
             self.w[touched] -= self.lr * g / np.sqrt(self.w_acc[touched])
