@@ -33,6 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from gmeta_tf import interrupts  # noqa: E402
 from gmeta_tf.config_fields import ConfigError  # noqa: E402 (no TensorFlow in it)
+from gmeta_tf.data.errors import DataError  # noqa: E402 (no TensorFlow in it)
 from gmeta_tf.rank_logging import setup_logging  # noqa: E402 (no TensorFlow in it)
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ def _run_verb(argv: list[str], verb_args: argparse.Namespace | None) -> int:
                       "export": run_export,
                       "config": run_config}[verb_args.verb]
             return runner(verb_args)
-    except (ConfigError, _data_error(), _checkpoint_error()) as err:
+    except (ConfigError, DataError, _checkpoint_error()) as err:
         return _bad_input(err)
     except KeyboardInterrupt as err:
         return _interrupted(None if verb_args is None else verb_args.verb,
@@ -387,12 +388,6 @@ def _record_status(status: int, message: str) -> None:
     from gmeta_tf.launcher import record_status
 
     record_status(status, message)
-
-
-def _data_error() -> type:
-    from gmeta_tf.data.errors import DataError
-
-    return DataError
 
 
 class _NeverRaised(Exception):

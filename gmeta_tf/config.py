@@ -34,8 +34,8 @@ from typing import Any, Literal, Mapping, Sequence
 import yaml
 
 from gmeta_tf.atomic_file import write_text_atomically
-from gmeta_tf.config_fields import (ConfigError, FieldError, field, load_yaml, range_violation, type_name,
-                                    type_violation)
+from gmeta_tf.config_fields import (ConfigError, FieldError, field, load_yaml, range_violation,
+                                    type_name, type_violation)
 from gmeta_tf.data.split import SplitConfig, source_split
 from gmeta_tf.embedding.config import TableConfig
 from gmeta_tf.meta.meta_config import MetaConfig
