@@ -310,13 +310,11 @@ def _run_verb(argv: list[str], verb_args: argparse.Namespace | None) -> int:
     except (ConfigError, DataError, _checkpoint_error()) as err:
         return _bad_input(err)
     except KeyboardInterrupt as err:
-        return _interrupted(None if verb_args is None else verb_args.verb,
-                            isinstance(err, interrupts.Terminated))
+        return _interrupted(None if verb_args is None else verb_args.verb, type(err))
     except Exception as err:
         signalled = interrupts.received()
         if signalled is not None:  # TensorFlow's C++ turned the interrupt into this error
-            return _interrupted(None if verb_args is None else verb_args.verb,
-                                signalled is interrupts.Terminated)
+            return _interrupted(None if verb_args is None else verb_args.verb, signalled)
         inside = _data_error_inside(err)
         if inside is not None:
             return _bad_input(inside)
@@ -344,12 +342,18 @@ _AFTER_INTERRUPT = {
 }
 
 
-def _interrupted(verb: str | None, terminated: bool = False) -> int:
-    """Ctrl-C or SIGTERM: one line saying what is kept, not a traceback; status 130 or 143
-    as a shell's."""
+def _interrupted(verb: str | None, signal_type: type[KeyboardInterrupt]) -> int:
+    """Ctrl-C or SIGTERM (``signal_type``: ``KeyboardInterrupt``, ``interrupts.Terminated``,
+    or ``interrupts.PeerStopped`` on a rank that stopped with another): one line saying
+    what is kept, not a traceback; status 130 or 143 as a shell's."""
     after = _AFTER_INTERRUPT.get(verb or "", "nothing is left half-written (each file and "
                                              "dataset is written whole or not at all)")
-    how, status = ("terminated (SIGTERM)", 143) if terminated else ("interrupted", 130)
+    if issubclass(signal_type, interrupts.PeerStopped):
+        how, status = "stopped with another rank, which was interrupted", 143
+    elif issubclass(signal_type, interrupts.Terminated):
+        how, status = "terminated (SIGTERM)", 143
+    else:
+        how, status = "interrupted", 130
     print(f"gmeta: {how}: {after}", file=sys.stderr)
     _record_status(status, how)
     # objects the interrupt left half-made (a zip being written, a TensorFlow executor)

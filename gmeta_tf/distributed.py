@@ -149,6 +149,14 @@ def allreduce_gradients(grads: list) -> list:
     return [None if g is None else next(it) for g in grads]
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (a collective: call it at the same point on
+    every rank)."""
+    if size() == 1:
+        return bool(flag)
+    return bool(sum_over_ranks(np.array([1 if flag else 0]))[0] > 0)
+
+
 def broadcast_variables(variables, root_rank: int = 0) -> None:
     """Gives every rank rank root_rank's values (initial dense weights)."""
     variables = list(variables)

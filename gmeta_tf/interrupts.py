@@ -38,9 +38,16 @@ class Terminated(KeyboardInterrupt):
     prints one line saying what is kept (status 143)."""
 
 
+class PeerStopped(Terminated):
+    """Raised on a rank that received no signal when another rank did: the ranks of a
+    training run stop together, after the step where any of them had one
+    (``training.stop_vote``), so no rank is left waiting in a collective."""
+
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _handled_depth = 0
 _deferred_depth = 0
+_held_depth = 0
 _pending: type[KeyboardInterrupt] | None = None  # recorded in a deferred region, not raised
 _received: type[KeyboardInterrupt] | None = None  # the last signal that came
 
@@ -99,12 +106,44 @@ def deferred() -> Iterator[None]:
         check()
 
 
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Inside (and inside ``deferred()``), ``check()`` raises nothing, in the loops nested
+    there too (a validation pass): a first signal stays recorded (``pending()``) until the
+    loop that owns the region stops where all its ranks agree and raises it
+    (``raise_pending()``). A second signal is still raised at once."""
+    global _held_depth
+    _held_depth += 1
+    try:
+        yield
+    finally:
+        _held_depth -= 1
+
+
 def check() -> None:
-    """Raises the signal a deferred region recorded, if one came (a no-op otherwise)."""
+    """Raises the signal a deferred region recorded, if one came (a no-op otherwise, and
+    inside ``held()``)."""
+    if not _held_depth:
+        _raise_recorded()
+
+
+def _raise_recorded() -> None:
     global _pending
     if _pending is not None and threading.current_thread() is threading.main_thread():
         exception, _pending = _pending, None
         raise exception()
+
+
+def pending() -> type[KeyboardInterrupt] | None:
+    """The signal a deferred region recorded and nothing has raised yet, else None."""
+    return _pending
+
+
+def raise_pending() -> None:
+    """Raises the recorded signal, held or not; ``PeerStopped`` if none came to this
+    process (it stops because another rank received one)."""
+    _raise_recorded()
+    raise PeerStopped()
 
 
 def checked(items: Iterable[T]) -> Iterator[T]:

@@ -49,7 +49,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 import numpy as np
 import tensorflow as tf
@@ -75,6 +75,7 @@ from gmeta_tf.training.linear_start import start_from_linear
 from gmeta_tf.training.prior_fit import fit_prior
 from gmeta_tf.training.progress import ProgressBar
 from gmeta_tf.training.selection import Selection, split_rows, validation_protocol
+from gmeta_tf.training.stop_vote import StopVote
 from gmeta_tf.training.rank_agreement import on_all_ranks
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,9 @@ class Trainer:
         self._validator: Validator | None = None
         self._selection: Selection | None = None  # the run's, from _run on
         self._aside: Path | None = None  # --fresh: the earlier checkpoints, until replaced
+        # Every rank: this --fresh run set earlier checkpoints aside and has not replaced
+        # them yet (a stop then writes none: they come back instead, ``_stop_here``).
+        self._replacing = False
         # A run from step 0: the files an earlier run left in eval/ and tensorboard/, set
         # aside at its first checkpoint (``_set_earlier_results_aside``)
         self._earlier: list[Path] = []
@@ -232,7 +236,7 @@ class Trainer:
             os.replace(self.ckpt_dir, self._aside)
             log.info("--fresh: the earlier checkpoints are set aside at %s until this run "
                      "writes its first checkpoint", self._aside)
-        distributed.barrier()
+        self._replacing = distributed.any_rank(self._aside is not None)  # a barrier too
 
     def _recover_aside(self) -> None:
         """Checkpoints a ``--fresh`` run set aside and could not put back (it was killed
@@ -360,19 +364,21 @@ class Trainer:
         still training (``_resting``: not diverged, patience not run out)."""
         step_fns: dict[frozenset, Callable] = {}
 
-        def train(batches: Iterator[dict], done: int, stop: int) -> dict:
+        def train(batches: Iterator[dict], done: int, stop: int,
+                  vote: StopVote) -> tuple[dict, int, bool]:
             resting = self._resting()
             if resting not in step_fns:
                 step_fns[resting] = self._step_function(models, resting)
             step_fn = step_fns[resting]
             out = {}
             for step in range(done + 1, stop + 1):
-                interrupts.check()
                 batch = next(batches)
                 out = step_fn(step, batch)
                 meter.add(_real_rows(batch))
                 _rebalance_caches(models, step)
-            return out
+                if vote.after_step():
+                    return out, step, True
+            return out, stop, False
 
         return train
 
@@ -399,7 +405,8 @@ class Trainer:
                                 models.optimizers.model, staleness=self.config.train.hybrid
                                 .staleness)
 
-        def train(batches: Iterator[dict], done: int, stop: int) -> dict:
+        def train(batches: Iterator[dict], done: int, stop: int,
+                  vote: StopVote) -> tuple[dict, int, bool]:
             def feed():  # runs in the trainer's embedding thread
                 for _ in range(done, stop):
                     batch = next(batches)
@@ -409,7 +416,7 @@ class Trainer:
             trainer.fit(feed())  # returns with every pull's update applied
             loss = trainer.losses[-1] / model.members
             trainer.losses.clear()
-            return {"loss": loss}
+            return {"loss": loss}, stop, False  # the loop votes before the next steps
 
         return train, trainer
 
@@ -442,7 +449,9 @@ class Trainer:
                 fit_dense_scaling(models, self.config)
             if start == 0 and self.config.model.start_from_linear:
                 start_from_linear(models, self.config)
-            with interrupts.deferred():  # Ctrl-C and SIGTERM stop it between steps
+            # Ctrl-C and SIGTERM stop it after a step, every rank after the same one, with
+            # a checkpoint there (``_stop_here``)
+            with interrupts.deferred(), interrupts.held():
                 return self._run(models, start)
         except BaseException:
             self._restore_aside()
@@ -522,10 +531,16 @@ class Trainer:
             log.warning("every model stopped training before step %d: %s; nothing to train, "
                         "each keeps its best checkpoint on validation", start, ", ".join(why))
             stops, stopped = [], start
-        for step in interrupts.checked(stops):
-            out = train(batches, done, step)
+        vote = StopVote()
+        for step in stops:
+            # a vote at every log, validation or checkpoint step (the hybrid step's only
+            # one) and, in the plain step, every few steps between
+            if vote.now():
+                self._stop_here(models, start, done, last_ckpt, selection, bar)
+            out, done, stopping = train(batches, done, step, vote)
             last_losses.update(out)
-            done = step
+            if stopping:  # every rank stops after step ``done``
+                self._stop_here(models, start, done, last_ckpt, selection, bar)
             logs = step % t.log_every == 0 or step == t.steps
             validates = bool(t.eval_every) and (step % t.eval_every == 0 or step == t.steps)
             if logs:
@@ -598,6 +613,30 @@ class Trainer:
                               hybrid, selection, stopped)
         tensorboard.close()
         return result
+
+    def _stop_here(self, models: Models, start: int, done: int, last_ckpt: Path | None,
+                   selection: Selection, bar: ProgressBar) -> NoReturn:
+        """Ctrl-C or SIGTERM came to a rank: every rank is here after the same step
+        ``done``. A checkpoint of that step is written (unless one is, or nothing trained,
+        or this ``--fresh`` run has not yet replaced the checkpoints it set aside: they
+        come back), so ``--resume`` goes on from this step; then the signal is raised."""
+        bar.close()
+        how = {KeyboardInterrupt: "Ctrl-C", interrupts.Terminated: "SIGTERM"}.get(
+            interrupts.pending(), "a signal to another rank")
+        if self._replacing:
+            log.warning("stopped by %s after step %d: no checkpoint is written (this --fresh "
+                        "run has written none, and the earlier run's come back)", how, done)
+        elif done == start:
+            log.warning("stopped by %s at step %d, before training a step: nothing new to "
+                        "keep", how, done)
+        elif last_ckpt is not None and last_ckpt.name == f"ckpt-{done}":
+            log.warning("stopped by %s after step %d on every rank, whose checkpoint %s is "
+                        "written", how, done, last_ckpt)
+        else:
+            path = self._save(models, done, selection)
+            log.warning("stopped by %s after step %d on every rank: checkpoint %s written; "
+                        "the same command with --resume goes on from it", how, done, path)
+        interrupts.raise_pending()
 
     def _resting(self) -> frozenset:
         """The models that train no more: diverged, or out of patience."""
@@ -800,6 +839,7 @@ class Trainer:
         path = checkpoint.save(self.ckpt_dir, models.state, step, models.optimizers)
         log.info("checkpoint %s", path)
         self._drop_aside()
+        self._replacing = False
         if self.rank == 0:
             if selection.history or selection.halted:  # a run without validation has none
                 selection.save(self.ckpt_dir)

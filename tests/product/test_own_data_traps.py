@@ -448,15 +448,54 @@ def test_ctrl_c_says_what_is_kept_and_how_to_go_on(tiny_data, tmp_path):
     import signal
 
     run_dir = tmp_path / "run"
-    sets = _sets(run_dir, tiny_data, 100000, "train.checkpoint_every=2", "train.log_every=2")
+    sets = _sets(run_dir, tiny_data, 100000, "train.checkpoint_every=7", "train.log_every=2")
     proc = _train_until_a_checkpoint(run_dir, sets)
     err = _stopped_by(proc, signal.SIGINT)
     assert proc.returncode == 130, err
     assert "gmeta: interrupted: every complete checkpoint is kept" in err, err
     assert "--resume goes on from the newest" in err and "Traceback" not in err, err
-    step = _complete_checkpoints(run_dir)[-1]
+    step = _stopped_after(err, "Ctrl-C")
+    assert _complete_checkpoints(run_dir)[-1] == step  # the step it stopped after
     checkpoint.verify(run_dir / "checkpoints" / f"ckpt-{step}")
     assert main(["train", "--resume", *_sets(run_dir, tiny_data, step + 2)]) == 0
+
+
+def test_a_fresh_run_stopped_before_its_first_checkpoint_puts_the_earlier_ones_back(
+        tiny_data, tmp_path):
+    """Ctrl-C in a `train --fresh` that has written no checkpoint yet writes none at the
+    stop: that would delete the earlier run's, set aside until the new run's first
+    checkpoint; they come back instead, and --resume goes on from them."""
+    import signal
+
+    run_dir = tmp_path / "run"
+    assert main(["train", *_sets(run_dir, tiny_data, 4, "train.checkpoint_every=2")]) == 0
+    sets = _sets(run_dir, tiny_data, 100000, "train.checkpoint_every=0", "train.log_every=2")
+    proc = subprocess.Popen([gmeta(), "train", "--fresh", *sets], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    seen = []
+    for line in proc.stderr:  # until the new run has trained a few steps
+        seen.append(line)
+        if "] step 4/100000" in line:
+            break
+    else:
+        pytest.fail("".join(seen)[-3000:])
+    err = "".join(seen) + _stopped_by(proc, signal.SIGINT)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert "no checkpoint is written (this --fresh run has written none" in err, err[-3000:]
+    assert "the earlier checkpoints are back in place" in err, err[-3000:]
+    assert _checkpoints(run_dir) == ["ckpt-2", "ckpt-4"]
+    assert main(["train", "--resume", *_sets(run_dir, tiny_data, 6)]) == 0
+
+
+def _stopped_after(err: str, how: str) -> int:
+    """The step a stopped ``gmeta train`` says it stopped after, checkpointed there (a
+    checkpoint written at the stop, or the one that step had written)."""
+    import re
+
+    found = re.findall(rf"stopped by {how} after step (\d+) on every rank(: checkpoint "
+                       rf"\S+ written|, whose checkpoint \S+ is written)", err)
+    assert len(found) == 1, err[-3000:]
+    return int(found[0][0])
 
 
 def test_checkpoints_read_under_other_settings_name_the_keys(trained, capsys):
@@ -517,7 +556,8 @@ def test_a_second_run_in_a_run_dir_in_use_is_refused_and_sigterm_says_what_is_ke
     assert proc.returncode == 143, err
     assert "gmeta: terminated (SIGTERM): every complete checkpoint is kept" in err, err
     assert "Traceback" not in err, err
-    step = _complete_checkpoints(run_dir)[-1]
+    step = _stopped_after(err, "SIGTERM")
+    assert _complete_checkpoints(run_dir)[-1] == step
     checkpoint.verify(folder / f"ckpt-{step}")
     assert main(["train", "--resume", *_sets(run_dir, tiny_data, step + 2)]) == 0
 

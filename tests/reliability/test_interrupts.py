@@ -61,6 +61,47 @@ def test_a_region_that_ends_raises_its_signal_and_outside_one_a_signal_is_raised
         assert interrupts.received() is None
 
 
+def test_a_held_region_keeps_a_first_signal_for_its_owner_and_a_second_is_raised():
+    """Inside ``held()`` the loops nested there (a validation pass) raise nothing: the
+    signal stays pending until the training loop, stopped where its ranks agree, raises
+    it; a rank that received none raises ``PeerStopped``; a second signal is not held."""
+    with interrupts.handled():
+        with pytest.raises(interrupts.Terminated) as raised:
+            with interrupts.deferred(), interrupts.held():
+                assert interrupts.pending() is None
+                _deliver(signal.SIGTERM)
+                with interrupts.deferred():  # a nested scoring loop runs to its end
+                    assert list(interrupts.checked(range(3))) == [0, 1, 2]
+                interrupts.check()
+                assert interrupts.pending() is interrupts.Terminated
+                interrupts.raise_pending()
+        assert raised.type is interrupts.Terminated and interrupts.pending() is None
+
+        with pytest.raises(interrupts.PeerStopped):  # stopped because another rank was
+            with interrupts.deferred(), interrupts.held():
+                interrupts.raise_pending()
+
+        taken = []
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.deferred(), interrupts.held():
+                _deliver(signal.SIGINT)
+                taken.append("held")
+                _deliver(signal.SIGINT)
+                taken.append("never")
+        assert taken == ["held"]
+
+
+def test_a_rank_stopped_with_another_says_so(monkeypatch, capsys):
+    def stopped(args):
+        with interrupts.deferred(), interrupts.held():
+            interrupts.raise_pending()
+
+    monkeypatch.setattr(cli, "run_config", stopped)
+    assert cli.main(["config"]) == 143
+    err = capsys.readouterr().err
+    assert "gmeta: stopped with another rank, which was interrupted:" in err, err
+
+
 def test_an_error_raised_after_ctrl_c_is_reported_as_the_interrupt(monkeypatch, capsys):
     """What TensorFlow made of a Ctrl-C that came inside an eager op (measured: once in 20
     Ctrl-Cs of a 1-rank ``gmeta train`` on a busy machine) ends ``gmeta`` as Ctrl-C does."""

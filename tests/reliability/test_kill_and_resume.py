@@ -1,11 +1,14 @@
 """A rank SIGKILLed mid-training brings the job down without a hang; ``gmeta train
 --resume`` walks back past a damaged checkpoint and ends with the very weights of an
-uninterrupted run (real ``horovodrun -np 2``, real signal). A run killed while pruning
-its old checkpoints leaves no half checkpoint behind and resumes from what is left."""
+uninterrupted run (real ``horovodrun -np 2``, real signal). SIGTERM to one rank alone
+stops every rank after the same step, with a checkpoint of that step to resume from. A
+run killed while pruning its old checkpoints leaves no half checkpoint behind and resumes
+from what is left."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -67,6 +70,50 @@ def test_sigkill_of_one_rank_then_resume_ends_with_uninterrupted_weights(tiny_pi
     assert f"skipping checkpoint {newest}" in output and "is damaged" in output, output[-3000:]
     assert f"resumed from {done[-2]}" in output, output[-3000:]
     assert_same_weights(reference / "checkpoints" / f"ckpt-{STEPS}", ckpts / f"ckpt-{STEPS}")
+
+
+@pytest.mark.horovod
+def test_sigterm_to_one_rank_stops_every_rank_after_one_step_with_its_checkpoint(
+        tiny_pipeline, tmp_path):
+    """A scheduler pre-empting one host signals its ranks alone: rank 1 votes to stop, the
+    vote rides in the next step's all-reduce, and both ranks stop after that step, write
+    its checkpoint together (no periodic checkpoint in this run) and exit without a hang;
+    ``--resume`` from it ends with the weights of an uninterrupted run."""
+    run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    no_periodic = ("train.checkpoint_every=0", "train.eval_every=0", "train.log_every=5")
+    job = Job(horovodrun([sys.executable, "-m", "gmeta_tf.cli",
+                          *train_args(tiny_pipeline, run, 100000, *no_periodic), "--fresh"]),
+              tmp_path / "stopped.log")
+    wait_for(lambda: "] step 15/" in job.output(), 300, "rank 0 to report step 15")
+    victim = job.rank_pid(1)
+    assert victim is not None, "rank 1 not found"
+    os.kill(victim, signal.SIGTERM)
+    code = job.wait(timeout=GLOO_TIMEOUT_SECONDS + 60)  # raises if a rank hangs
+    output = job.output()
+    assert code != 0, output[-4000:]
+    stopped = re.findall(r"\[rank (\d)/2\].*stopped by (SIGTERM|a signal to another rank) "
+                         r"after step (\d+) on every rank: checkpoint (\S+) written", output)
+    assert sorted((r, how) for r, how, _, _ in stopped) == [
+        ("0", "a signal to another rank"), ("1", "SIGTERM")], output[-4000:]
+    (step,) = {int(s) for _, _, s, _ in stopped}  # the same step on both ranks
+    assert step >= 15 and "<stderr>:Traceback" not in output, output[-4000:]  # no rank's
+    assert "[1]<stderr>:gmeta: terminated (SIGTERM): every complete checkpoint is kept" in output
+    assert [d.name for d in checkpoint.complete_checkpoints(ckpts)] == [f"ckpt-{step}"]
+    manifest = checkpoint.verify(ckpts / f"ckpt-{step}")
+    assert manifest["world_size"] == 2 and manifest["step"] == step, manifest
+
+    end = step + 5
+    reference = tmp_path / "reference"
+    Job(gmeta_train(tiny_pipeline, reference, "--fresh", *_sets(end, *no_periodic)),
+        tmp_path / "reference.log").run_to_end(timeout=400)
+    output = Job(gmeta_train(tiny_pipeline, run, "--resume", *_sets(end, *no_periodic)),
+                 tmp_path / "resumed.log").run_to_end(timeout=400)
+    assert f"resumed from {ckpts / f'ckpt-{step}'}" in output, output[-3000:]
+    assert_same_weights(reference / "checkpoints" / f"ckpt-{end}", ckpts / f"ckpt-{end}")
+
+
+def _sets(steps: int, *sets: str) -> list[str]:
+    return [a for s in (f"train.steps={steps}", *sets) for a in ("--set", s)]
 
 
 def test_kill_while_pruning_leaves_no_half_checkpoint_and_resumes(tiny_pipeline, tmp_path):
