@@ -43,6 +43,7 @@ from gmeta_tf.training.stop_vote import StopVote  # noqa: E402
 
 INPUTS, UNITS = 429, (256, 128, 64)
 CONTENDERS = ("plain", "paced", "every_step", "in_allreduce")
+VOTES_TAKEN = [0]  # by the paced contender, in the timed steps
 
 
 def _plain_allreduce(grads: list) -> list:
@@ -106,6 +107,7 @@ def _contender(name: str):
             loss = step(x, y)
             if votes.after_step():
                 raise AssertionError("no rank voted to stop")
+            VOTES_TAKEN[0] += votes.size > 1 and votes._steps == 0
             return loss
         return paced
 
@@ -133,6 +135,7 @@ def main() -> None:
         for _ in range(20):
             step(x, y).numpy()
     times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    VOTES_TAKEN[0] = 0
     for repeat in range(args.repeats):
         turn = repeat % len(CONTENDERS)
         order = CONTENDERS[turn:] + CONTENDERS[:turn]
@@ -153,6 +156,8 @@ def main() -> None:
                       "step_ms_median": {k: round(v, 4) for k, v in medians.items()},
                       "step_ms": {k: [round(v, 4) for v in t] for k, t in times.items()},
                       **{k: round(v, 4) for k, v in ratios.items()},
+                      "paced_votes_per_step": round(VOTES_TAKEN[0] / (args.steps * args.repeats),
+                                                    4),
                       "machine": machine()}))
 
 
