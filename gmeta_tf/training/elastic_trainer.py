@@ -36,6 +36,7 @@ from gmeta_tf.training.model_builder import build_models
 from gmeta_tf.training.progress import ProgressBar
 from gmeta_tf.rank_logging import setup_logging
 from gmeta_tf.training.selection import Selection
+from gmeta_tf.training.stop_vote import StopVote
 from gmeta_tf.training.trainer import Trainer, TrainResult, _Meter, _Scalars
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,18 @@ class ElasticTrainer(Trainer):
             bar = ProgressBar(t.steps, start, enabled=self.rank == 0)
             self._cache_base = self._cache_totals(models)
             done, out = start, {}
+            vote = StopVote()  # this world's ranks
             for step in self._commit_and_log_stops(start):
-                out = train_steps(batches, done, step)
-                done = step
+                out, done, stopping = train_steps(batches, done, step, vote)
+                if stopping or vote.now():  # every rank after the same step
+                    bar.close()
+                    if done > start:
+                        state.step = done
+                        state.commit()
+                        log.warning("stopped after step %d on every rank: commit %s written; "
+                                    "the same command goes on from it", done,
+                                    self.ckpt_dir / f"ckpt-{done}")
+                    interrupts.raise_pending()
                 if step % t.log_every == 0 or step == t.steps:
                     self._report(step, out, models, meter, bar, tensorboard)
                 if step % t.checkpoint_every == 0 or step == t.steps:
@@ -106,7 +116,9 @@ class ElasticTrainer(Trainer):
             bar.close()
             return out
 
-        with interrupts.deferred():  # Ctrl-C and SIGTERM stop it between steps
+        # Ctrl-C and SIGTERM stop it after a step, every rank after the same one, with a
+        # commit there
+        with interrupts.deferred(), interrupts.held():
             out = train(state)
         last = self.ckpt_dir / f"ckpt-{t.steps}"
         result = self._result(first_start[0] if first_start else 0, models, meter, out, last,

@@ -296,10 +296,11 @@ def test_a_diverged_loss_stops_training_and_keeps_the_best_checkpoints(
     def poisoned(self, models, meter):
         train = real(self, models, meter)
 
-        def step(batches, done, stop):
-            out = train(batches, done, stop)
+        def step(batches, done, stop, vote):
+            out, done, stopping = train(batches, done, stop, vote)
             nan = np.float32("nan")
-            return {**out, "loss": nan, "baseline_loss": nan} if stop > 8 else out
+            return ({**out, "loss": nan, "baseline_loss": nan} if stop > 8 else out), done, \
+                stopping
         return step
 
     monkeypatch.setattr(Trainer, "_sync_steps", poisoned)

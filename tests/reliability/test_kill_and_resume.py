@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gmeta_tf import checkpoint
+from gmeta_tf import checkpoint, launcher
 from gmeta_tf.cli import main
 from tests.reliability.launch import GLOO_TIMEOUT_SECONDS, Job, horovodrun, wait_for
 from tests.reliability.prune_kill_worker import KILLED_WHILE_DELETING
@@ -110,6 +110,37 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_step_with_its_checkpoint
                  tmp_path / "resumed.log").run_to_end(timeout=400)
     assert f"resumed from {ckpts / f'ckpt-{step}'}" in output, output[-3000:]
     assert_same_weights(reference / "checkpoints" / f"ckpt-{end}", ckpts / f"ckpt-{end}")
+
+
+@pytest.mark.horovod
+def test_sigterm_to_one_rank_of_an_elastic_run_commits_the_step_every_rank_stopped_after(
+        tiny_pipeline, tmp_path):
+    """`gmeta train --elastic` (2 ranks, min 1): SIGTERM to rank 1 alone stops both after
+    the same step with a commit of that step, which the next run goes on from."""
+    run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    hosts, discover = tmp_path / "hosts", tmp_path / "discover_hosts.sh"
+    hosts.write_text("localhost:2\n")
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    sets = ("train.checkpoint_every=1000", "train.log_every=5")
+    command = [*launcher.horovodrun(), "-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", str(discover), "--network-interface", "lo",
+               "--gloo-timeout-seconds", str(GLOO_TIMEOUT_SECONDS), sys.executable, "-m",
+               "gmeta_tf.cli", *train_args(tiny_pipeline, run, 100000, *sets), "--elastic"]
+    job = Job(command, tmp_path / "elastic.log")
+    wait_for(lambda: "] step 15/" in job.output(), 300, "rank 0 to report step 15")
+    victim = job.rank_pid(1)
+    assert victim is not None, "rank 1 not found"
+    os.kill(victim, signal.SIGTERM)
+    assert job.wait(timeout=GLOO_TIMEOUT_SECONDS + 90) != 0
+    output = job.output()
+    stopped = re.findall(r"\[rank (\d)/2\].*stopped after step (\d+) on every rank: commit "
+                         r"(\S+) written", output)
+    assert sorted(r for r, _, _ in stopped) == ["0", "1"], output[-4000:]
+    (step,) = {int(s) for _, s, _ in stopped}
+    assert step >= 15 and "<stderr>:Traceback" not in output, output[-4000:]
+    assert [d.name for d in checkpoint.complete_checkpoints(ckpts)] == [f"ckpt-{step}"]
+    assert checkpoint.verify(ckpts / f"ckpt-{step}")["step"] == step
 
 
 def _sets(steps: int, *sets: str) -> list[str]:
