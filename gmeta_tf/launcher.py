@@ -192,11 +192,63 @@ def _pass_through(command: list[str], env: dict) -> tuple[list[str], int, list[s
         return held, proc.wait(), quiet
     finally:  # interrupted (Ctrl-C, a kill): the ranks do not outlive the launcher
         if proc.poll() is None:
+            _stop_ranks_gracefully(proc)
+        if proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+#: How long the ranks of this host get to stop by themselves after a signal (every rank
+#: after the same step, with a checkpoint: ``training.stop_vote``) before ``horovodrun``
+#: is stopped, which gives them its own 5 s before it kills them.
+RANKS_STOP_SECONDS = 120
+
+
+#: A rank's last line as it stops on a signal ("gmeta: terminated ..."): the launcher prints
+#: its own.
+_RANK_GMETA_LINE = re.compile(r"^\[\d+\]<std(err|out)>:gmeta: ")
+
+
+def _stop_ranks_gracefully(proc: subprocess.Popen) -> None:
+    """Passes the signal the launcher received (SIGINT for Ctrl-C, else SIGTERM) to the
+    ranks it started on this host and waits up to ``RANKS_STOP_SECONDS`` for
+    ``horovodrun`` to end, printing the ranks' lines meanwhile. Ranks on other hosts stop
+    with them: the ranks vote on stopping, and one rank's signal stops every rank. A
+    second signal ends the wait at once."""
+    import signal
+    import threading
+
+    import psutil  # Horovod's own dependency
+
+    signum = signal.SIGINT if interrupts.received() is KeyboardInterrupt else signal.SIGTERM
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            if any(e in child.environ() for e in _RANK_ENVS):
+                child.send_signal(signum)
+        except psutil.Error:  # gone, or not ours to read
+            pass
+
+    def drain() -> None:  # the pipe must not fill while the ranks write their stop lines
+        assert proc.stdout is not None
+        launchers_own = False  # horovodrun's traceback of the ranks' status: not news here
+        for line in proc.stdout:
+            launchers_own = launchers_own or line.startswith("Traceback (most recent call")
+            if not (launchers_own or _HELD_LINES.match(line) or _RANK_GMETA_LINE.match(line)):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        proc.wait(timeout=RANKS_STOP_SECONDS)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        pass
 
 
 def _statuses(directory: str) -> list[dict]:

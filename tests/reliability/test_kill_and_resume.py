@@ -113,6 +113,30 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_step_with_its_checkpoint
 
 
 @pytest.mark.horovod
+def test_sigterm_to_gmeta_train_np_2_reaches_its_ranks_which_stop_with_a_checkpoint(
+        tiny_pipeline, tmp_path):
+    """`gmeta train --np 2` pre-empted (SIGTERM to the command a user ran): the launcher
+    passes the signal to its ranks and waits for them, rather than stopping `horovodrun`
+    at once (which gives ranks 5 s); they stop after one step with its checkpoint."""
+    run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    sets = ("train.checkpoint_every=0", "train.eval_every=0", "train.log_every=5")
+    job = Job([sys.executable, "-m", "gmeta_tf.cli",
+               *train_args(tiny_pipeline, run, 100000, *sets), "--np", "2"],
+              tmp_path / "launched.log")
+    wait_for(lambda: "] step 15/" in job.output(), 300, "rank 0 to report step 15")
+    os.kill(job.proc.pid, signal.SIGTERM)
+    assert job.wait(timeout=GLOO_TIMEOUT_SECONDS + 60) == 143, job.output()[-4000:]
+    output = job.output()
+    stopped = re.findall(r"\[rank (\d)/2\].*stopped by SIGTERM after step (\d+) on every "
+                         r"rank: checkpoint \S+ written", output)
+    assert sorted(r for r, _ in stopped) == ["0", "1"], output[-4000:]
+    (step,) = {int(s) for _, s in stopped}
+    assert "gmeta: terminated (SIGTERM): every complete checkpoint is kept" in output
+    assert "Traceback" not in output, output[-4000:]
+    assert [d.name for d in checkpoint.complete_checkpoints(ckpts)] == [f"ckpt-{step}"]
+
+
+@pytest.mark.horovod
 def test_sigterm_to_one_rank_of_an_elastic_run_commits_the_step_every_rank_stopped_after(
         tiny_pipeline, tmp_path):
     """`gmeta train --elastic` (2 ranks, min 1): SIGTERM to rank 1 alone stops both after
