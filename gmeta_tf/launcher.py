@@ -217,7 +217,8 @@ def _stop_ranks_gracefully(proc: subprocess.Popen) -> None:
     ranks it started on this host and waits up to ``RANKS_STOP_SECONDS`` for
     ``horovodrun`` to end, printing the ranks' lines meanwhile. Ranks on other hosts stop
     with them: the ranks vote on stopping, and one rank's signal stops every rank. A
-    second signal ends the wait at once."""
+    second signal ends the wait at once. With no rank on this host there is no wait.
+    """
     import signal
     import threading
 
@@ -228,12 +229,16 @@ def _stop_ranks_gracefully(proc: subprocess.Popen) -> None:
         children = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
         return
+    signalled = 0
     for child in children:
-        try:
-            if any(e in child.environ() for e in _RANK_ENVS):
+        try:  # a rank's Python on this host (not the ssh to another host's)
+            if "python" in child.name() and any(e in child.environ() for e in _RANK_ENVS):
                 child.send_signal(signum)
+                signalled += 1
         except psutil.Error:  # gone, or not ours to read
             pass
+    if not signalled:  # no rank here: horovodrun stops those elsewhere
+        return
 
     def drain() -> None:  # the pipe must not fill while the ranks write their stop lines
         assert proc.stdout is not None
