@@ -104,10 +104,13 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_step_with_its_checkpoint
 
     end = step + 5
     reference = tmp_path / "reference"
-    Job(gmeta_train(tiny_pipeline, reference, "--fresh", *_sets(end, *no_periodic)),
-        tmp_path / "reference.log").run_to_end(timeout=400)
-    output = Job(gmeta_train(tiny_pipeline, run, "--resume", *_sets(end, *no_periodic)),
-                 tmp_path / "resumed.log").run_to_end(timeout=400)
+
+    def to_end(run_dir: Path, flag: str) -> list[str]:
+        return horovodrun([sys.executable, "-m", "gmeta_tf.cli",
+                           *train_args(tiny_pipeline, run_dir, end, *no_periodic), flag])
+
+    Job(to_end(reference, "--fresh"), tmp_path / "reference.log").run_to_end(timeout=400)
+    output = Job(to_end(run, "--resume"), tmp_path / "resumed.log").run_to_end(timeout=400)
     assert f"resumed from {ckpts / f'ckpt-{step}'}" in output, output[-3000:]
     assert_same_weights(reference / "checkpoints" / f"ckpt-{end}", ckpts / f"ckpt-{end}")
 
@@ -165,10 +168,6 @@ def test_sigterm_to_one_rank_of_an_elastic_run_commits_the_step_every_rank_stopp
     assert step >= 15 and "<stderr>:Traceback" not in output, output[-4000:]
     assert [d.name for d in checkpoint.complete_checkpoints(ckpts)] == [f"ckpt-{step}"]
     assert checkpoint.verify(ckpts / f"ckpt-{step}")["step"] == step
-
-
-def _sets(steps: int, *sets: str) -> list[str]:
-    return [a for s in (f"train.steps={steps}", *sets) for a in ("--set", s)]
 
 
 def test_kill_while_pruning_leaves_no_half_checkpoint_and_resumes(tiny_pipeline, tmp_path):
