@@ -349,11 +349,12 @@ def _interrupted(verb: str | None, signal_type: type[KeyboardInterrupt]) -> int:
     after = _AFTER_INTERRUPT.get(verb or "", "nothing is left half-written (each file and "
                                              "dataset is written whole or not at all)")
     if issubclass(signal_type, interrupts.PeerStopped):
-        how, status = "stopped with another rank, which was interrupted", 143
+        how = "stopped with another rank, which was interrupted"
     elif issubclass(signal_type, interrupts.Terminated):
-        how, status = "terminated (SIGTERM)", 143
+        how = "terminated (SIGTERM)"
     else:
-        how, status = "interrupted", 130
+        how = "interrupted"
+    status = interrupts.exit_status(signal_type)
     print(f"gmeta: {how}: {after}", file=sys.stderr)
     _record_status(status, how)
     # objects the interrupt left half-made (a zip being written, a TensorFlow executor)

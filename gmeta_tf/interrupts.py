@@ -56,6 +56,22 @@ def _exception(signum: int) -> type[KeyboardInterrupt]:
     return Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
+def signal_of(exception: type[KeyboardInterrupt]) -> signal.Signals:
+    """The signal an interrupt stands for: SIGTERM for ``Terminated`` (and
+    ``PeerStopped``), else SIGINT."""
+    return signal.SIGTERM if issubclass(exception, Terminated) else signal.SIGINT
+
+
+def name_of(exception: type[KeyboardInterrupt]) -> str:
+    """How a log line names it: "Ctrl-C" or "SIGTERM"."""
+    return "SIGTERM" if signal_of(exception) == signal.SIGTERM else "Ctrl-C"
+
+
+def exit_status(exception: type[KeyboardInterrupt]) -> int:
+    """A shell's status for a process the interrupt stopped: 130 (Ctrl-C) or 143."""
+    return 128 + signal_of(exception)
+
+
 def _handler(signum: int, frame) -> None:
     global _pending, _received
     exception = _exception(signum)

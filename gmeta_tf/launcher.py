@@ -171,28 +171,46 @@ _HELD_LINES = re.compile(r"^(\[\d+\]<std(err|out)>:gmeta: error: |\[\d+\]<stderr
                          r"|Terminating remaining workers after failure of Process \d+\.$)")
 
 
+#: A rank's last line as it stops on a signal ("gmeta: terminated ...").
+_RANK_GMETA_LINE = re.compile(r"^\[\d+\]<std(err|out)>:gmeta: ")
+
+
+class _RankLines:
+    """horovodrun's output, line by line: the ranks' lines printed as they come, but for
+    its own trailing traceback (``trailing``) and the lines of ``_HELD_LINES`` (``held``),
+    both kept back. Once the ranks are told to stop (``stopping``), each rank's own last
+    line ("gmeta: terminated ...") is kept back too: the launcher prints its own."""
+
+    def __init__(self) -> None:
+        self.trailing: list[str] = []
+        self.held: list[str] = []
+        self.stopping = False
+
+    def take(self, line: str) -> None:
+        if self.trailing or line.startswith("Traceback (most recent call last)"):
+            self.trailing.append(line)
+        elif _HELD_LINES.match(line) or (self.stopping and _RANK_GMETA_LINE.match(line)):
+            self.held.append(line)
+        else:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+
 def _pass_through(command: list[str], env: dict) -> tuple[list[str], int, list[str]]:
     """Runs the launcher, printing the ranks' lines as they come; returns the launcher's
     own trailing traceback lines (held back), its exit code, and the lines of
     ``_HELD_LINES`` (held back)."""
-    held: list[str] = []
-    quiet: list[str] = []
+    lines = _RankLines()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
-            if held or line.startswith("Traceback (most recent call last)"):
-                held.append(line)
-            elif _HELD_LINES.match(line):
-                quiet.append(line)
-            else:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        return held, proc.wait(), quiet
+            lines.take(line)
+        return lines.trailing, proc.wait(), lines.held
     finally:  # interrupted (Ctrl-C, a kill): the ranks do not outlive the launcher
         if proc.poll() is None:
-            _stop_ranks_gracefully(proc)
+            _stop_ranks_gracefully(proc, lines)
         if proc.poll() is None:
             proc.terminate()
             try:
@@ -207,24 +225,18 @@ def _pass_through(command: list[str], env: dict) -> tuple[list[str], int, list[s
 RANKS_STOP_SECONDS = 120
 
 
-#: A rank's last line as it stops on a signal ("gmeta: terminated ..."): the launcher prints
-#: its own.
-_RANK_GMETA_LINE = re.compile(r"^\[\d+\]<std(err|out)>:gmeta: ")
-
-
-def _stop_ranks_gracefully(proc: subprocess.Popen) -> None:
+def _stop_ranks_gracefully(proc: subprocess.Popen, lines: _RankLines) -> None:
     """Passes the signal the launcher received (SIGINT for Ctrl-C, else SIGTERM) to the
     ranks it started on this host and waits up to ``RANKS_STOP_SECONDS`` for
     ``horovodrun`` to end, printing the ranks' lines meanwhile. Ranks on other hosts stop
     with them: the ranks vote on stopping, and one rank's signal stops every rank. A
     second signal ends the wait at once. With no rank on this host there is no wait.
     """
-    import signal
     import threading
 
     import psutil  # Horovod's own dependency
 
-    signum = signal.SIGINT if interrupts.received() is KeyboardInterrupt else signal.SIGTERM
+    signum = interrupts.signal_of(interrupts.received() or interrupts.Terminated)
     try:
         children = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
@@ -242,12 +254,9 @@ def _stop_ranks_gracefully(proc: subprocess.Popen) -> None:
 
     def drain() -> None:  # the pipe must not fill while the ranks write their stop lines
         assert proc.stdout is not None
-        launchers_own = False  # horovodrun's traceback of the ranks' status: not news here
+        lines.stopping = True
         for line in proc.stdout:
-            launchers_own = launchers_own or line.startswith("Traceback (most recent call")
-            if not (launchers_own or _HELD_LINES.match(line) or _RANK_GMETA_LINE.match(line)):
-                sys.stdout.write(line)
-                sys.stdout.flush()
+            lines.take(line)
 
     threading.Thread(target=drain, daemon=True).start()
     try:

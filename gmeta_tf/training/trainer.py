@@ -621,8 +621,8 @@ class Trainer:
         or this ``--fresh`` run has not yet replaced the checkpoints it set aside: they
         come back), so ``--resume`` goes on from this step; then the signal is raised."""
         bar.close()
-        how = {KeyboardInterrupt: "Ctrl-C", interrupts.Terminated: "SIGTERM"}.get(
-            interrupts.pending(), "a signal to another rank")
+        pending = interrupts.pending()
+        how = interrupts.name_of(pending) if pending else "a signal to another rank"
         if self._replacing:
             log.warning("stopped by %s after step %d: no checkpoint is written (this --fresh "
                         "run has written none, and the earlier run's come back)", how, done)

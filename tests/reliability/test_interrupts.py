@@ -123,3 +123,10 @@ def test_an_error_raised_after_ctrl_c_is_reported_as_the_interrupt(monkeypatch, 
     monkeypatch.setattr(cli, "run_config", failing)  # no signal: the error is the error
     with pytest.raises(TypeError, match="a genuine bug"):
         cli.main(["config"])
+
+
+def test_each_interrupt_names_its_signal_and_a_shells_status():
+    assert [(interrupts.signal_of(e), interrupts.name_of(e), interrupts.exit_status(e))
+            for e in (KeyboardInterrupt, interrupts.Terminated, interrupts.PeerStopped)] == [
+        (signal.SIGINT, "Ctrl-C", 130), (signal.SIGTERM, "SIGTERM", 143),
+        (signal.SIGTERM, "SIGTERM", 143)]

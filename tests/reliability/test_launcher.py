@@ -94,3 +94,22 @@ def test_the_launcher_starts_ranks_that_reduce_together(cache_home):
                        if "sum " in line)
         assert lines == ["sum 0 3 2", "sum 1 3 2"], result.stdout
     assert (cache_home / "gmeta" / "horovod-build.json").exists()
+
+
+def test_the_ranks_lines_are_shown_but_for_horovodruns_account_and_traceback(capsys):
+    lines = launcher._RankLines()
+    for line in ["[0]<stdout>:step 10 loss 0.5\n", "[1]<stderr>:gmeta: error: no file x\n",
+                 "Process 1 exit with status code 2.\n", "[0]<stdout>:step 20 loss 0.4\n",
+                 "[0]<stderr>:gmeta: interrupted: the checkpoint is kept\n"]:
+        lines.take(line)
+    lines.stopping = True  # told to stop: each rank's own last line is the launcher's to say
+    for line in ["[1]<stderr>:gmeta: terminated (SIGTERM): kept\n", "[1]<stdout>:saved\n",
+                 "Traceback (most recent call last):\n", "[0]<stdout>:after it\n"]:
+        lines.take(line)
+    assert capsys.readouterr().out == (
+        "[0]<stdout>:step 10 loss 0.5\n[0]<stdout>:step 20 loss 0.4\n"
+        "[0]<stderr>:gmeta: interrupted: the checkpoint is kept\n[1]<stdout>:saved\n")
+    assert lines.held == ["[1]<stderr>:gmeta: error: no file x\n",
+                          "Process 1 exit with status code 2.\n",
+                          "[1]<stderr>:gmeta: terminated (SIGTERM): kept\n"]
+    assert lines.trailing == ["Traceback (most recent call last):\n", "[0]<stdout>:after it\n"]
