@@ -310,11 +310,11 @@ def _run_verb(argv: list[str], verb_args: argparse.Namespace | None) -> int:
     except (ConfigError, DataError, _checkpoint_error()) as err:
         return _bad_input(err)
     except KeyboardInterrupt as err:
-        return _interrupted(None if verb_args is None else verb_args.verb, type(err))
+        return _interrupted(_command(verb_args), type(err))
     except Exception as err:
         signalled = interrupts.received()
         if signalled is not None:  # TensorFlow's C++ turned the interrupt into this error
-            return _interrupted(None if verb_args is None else verb_args.verb, signalled)
+            return _interrupted(_command(verb_args), signalled)
         inside = _data_error_inside(err)
         if inside is not None:
             return _bad_input(inside)
@@ -337,17 +337,27 @@ _AFTER_INTERRUPT = {
     "train": "every complete checkpoint is kept; the same command with --resume goes on "
              "from the newest (one stopped while being written is passed over, its "
              "MANIFEST.json, written last, missing)",
+    "train --elastic": "every complete commit is kept; the same command goes on from the "
+                       "newest",
     "tune": "every finished trial is recorded; the same command with --resume goes on from "
             "them",
 }
 
 
-def _interrupted(verb: str | None, signal_type: type[KeyboardInterrupt]) -> int:
+def _command(verb_args: argparse.Namespace | None) -> str | None:
+    """The key of ``_AFTER_INTERRUPT`` for a command: its verb, "train --elastic" for an
+    elastic run (which goes on from its newest commit without --resume)."""
+    if verb_args is None:
+        return None
+    return verb_args.verb + (" --elastic" if getattr(verb_args, "elastic", False) else "")
+
+
+def _interrupted(command: str | None, signal_type: type[KeyboardInterrupt]) -> int:
     """Ctrl-C or SIGTERM (``signal_type``: ``KeyboardInterrupt``, ``interrupts.Terminated``,
     or ``interrupts.PeerStopped`` on a rank that stopped with another): one line saying
     what is kept, not a traceback; status 130 or 143 as a shell's."""
-    after = _AFTER_INTERRUPT.get(verb or "", "nothing is left half-written (each file and "
-                                             "dataset is written whole or not at all)")
+    after = _AFTER_INTERRUPT.get(command or "", "nothing is left half-written (each file "
+                                                "and dataset is written whole or not at all)")
     if issubclass(signal_type, interrupts.PeerStopped):
         how = "stopped with another rank, which was interrupted"
     elif issubclass(signal_type, interrupts.Terminated):

@@ -168,6 +168,11 @@ def test_sigterm_to_one_rank_of_an_elastic_run_commits_the_step_every_rank_stopp
     assert step >= 15 and "<stderr>:Traceback" not in output, output[-4000:]
     assert [d.name for d in checkpoint.complete_checkpoints(ckpts)] == [f"ckpt-{step}"]
     assert checkpoint.verify(ckpts / f"ckpt-{step}")["step"] == step
+    # each rank's last line says how an elastic run goes on: the same command, no --resume
+    last_lines = re.findall(r"\[(\d)\]<stderr>:gmeta: (.*)", output)
+    assert sorted(r for r, _ in last_lines) == ["0", "1"], output[-4000:]
+    assert all(line.endswith(": every complete commit is kept; the same command goes on "
+                             "from the newest") for _, line in last_lines), last_lines
 
 
 def test_kill_while_pruning_leaves_no_half_checkpoint_and_resumes(tiny_pipeline, tmp_path):
